@@ -126,7 +126,9 @@ def seeded_generator(*parts: int) -> torch.Generator:
 # observation is a user turn; its replies are assistant turns.
 
 def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool) -> str:
-    lines = [env.instruction, "Actions: " + ", ".join(env.actions) + "."]
+    """The env's instruction names the goal and the actions (ALFWorld lists its admissible commands in each
+    observation); we add the reply format and, for a with-experience episode, the retrieved lessons."""
+    lines = [env.instruction]
     if free_text:
         lines.append("Think briefly if it helps, then give exactly one action as <answer>ACTION</answer>.")
         if can_ask:
@@ -214,16 +216,20 @@ class Episode:
 
 
 class EnvPool:
-    """Environments are reused across iterations (MiniHack construction is the slow part)."""
+    """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
+    ALFWorld games from its held-out split (valid_unseen), training from train."""
 
     def __init__(self):
-        self.free: dict[str, list] = {}
+        self.free: dict[tuple, list] = {}
 
-    def take(self, task):
-        return self.free.get(task, []).pop() if self.free.get(task) else envs.make(task)
+    def take(self, task, train=True):
+        key = (task, train)
+        if self.free.get(key):
+            return self.free[key].pop()
+        return envs.make(task, split="train" if train else "valid_unseen") if task == "alfworld" else envs.make(task)
 
-    def give(self, task, env):
-        self.free.setdefault(task, []).append(env)
+    def give(self, task, train, env):
+        self.free.setdefault((task, train), []).append(env)
 
 
 ASK_RE = re.compile(r"<ask>(.*?)</ask>", re.S)
@@ -244,7 +250,7 @@ def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: fl
     new observation tokens (with cfg.history set, a turn starts a fresh, shorter context instead)."""
     cfg, tok = crl.cfg, crl.actor_tok
     eps = [Episode(task, seed, group, with_exp) for task, seed, group, with_exp in specs]
-    games = [crl.pool.take(e.task) for e in eps]
+    games = [crl.pool.take(e.task, train) for e in eps]
     t0 = time.perf_counter()
     obs = [env.reset(seed=e.seed) for env, e in zip(games, eps)]
     crl.timer["env"] += time.perf_counter() - t0
@@ -323,7 +329,7 @@ def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: fl
             still.append(i)
         live = still
     for e, env in zip(eps, games):
-        crl.pool.give(e.task, env)
+        crl.pool.give(e.task, train, env)
     return eps
 
 
@@ -402,9 +408,14 @@ def policy_update(crl, model, opt, segments: list[Segment], advantages: list[flo
     cfg = crl.cfg
     num_seqs = all_reduce_sum(len(segments))
     num_tokens = all_reduce_sum(sum(sum(s.mask) for s in segments))
+    # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
+    # denominators above still count it, so the update is exactly the same)
+    live = [j for j in range(len(segments)) if advantages[j] != 0.0]
     stats = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
+    if all_reduce_sum(len(live)) == 0:
+        return {**stats, "skipped": 0, "trained_seqs": 0}
     opt.zero_grad(set_to_none=True)
-    order = sorted(range(len(segments)), key=lambda j: len(segments[j].tokens))  # little padding
+    order = sorted(live, key=lambda j: len(segments[j].tokens))  # similar lengths together: little padding
     device = next(model.parameters()).device
     for start in range(0, len(order), cfg.micro_batch):
         idx = order[start:start + cfg.micro_batch]
@@ -440,7 +451,8 @@ def policy_update(crl, model, opt, segments: list[Segment], advantages: list[flo
     loss = all_reduce_sum(stats["loss"])
     tokens = max(all_reduce_sum(stats["tokens"]), 1.0)
     out = {"loss": loss, "ratio": all_reduce_sum(stats["ratio"]) / tokens,
-           "clipfrac": all_reduce_sum(stats["clipfrac"]) / tokens, "skipped": 0}
+           "clipfrac": all_reduce_sum(stats["clipfrac"]) / tokens, "skipped": 0,
+           "trained_seqs": all_reduce_sum(len(live))}
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     if not (math.isfinite(loss) and torch.isfinite(grad_norm)):   # identical on every rank after the reduce
         warnings.warn(f"non-finite {objective} loss or gradient (loss={loss}); update skipped")
@@ -684,9 +696,8 @@ def merge_pass(crl, step: int, generator) -> list[Operation]:
         for kind, targets, text in parsed:
             if kind != "update":
                 continue
-            ids = tuple(group[t - 1].id for t in targets)
-            key = torch.nn.functional.normalize(torch.stack([bank.key(i) for i in ids]).mean(0), dim=0)
-            ops.append(Operation("update", task, text, ids, key, gen_id, step))
+            ids = tuple(group[t - 1].id for t in targets)   # key None: the bank uses the mean of their keys
+            ops.append(Operation("update", task, text, ids, None, gen_id, step))
     crl.counters["merges"] += len(ops)
     return ops
 

@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 import crl
 import envs
@@ -26,10 +27,10 @@ from model import Transformer, load_tokenizer
 # The embedded default learns on a 2-core CPU in minutes; real checkpoints follow the authors' setup.
 TINY = dict(lr=1e-3, extractor_lr=1e-3, groups=4, group_size=8, warmup=2, history=1, max_reply_tokens=16,
             max_context=4096, extractor_reply_tokens=48, episode_chars=600, distill_per_group=2,
-            extractor_batch=32, micro_batch=16, eval_episodes=32, eval_every=5, iters=60)
+            extractor_batch=32, micro_batch=16, eval_episodes=32, eval_every=5, merge_every=5, iters=60)
 REAL = dict(lr=1e-6, extractor_lr=1e-6, groups=16, group_size=8, warmup=5, history=None, max_reply_tokens=512,
             max_context=16384, extractor_reply_tokens=1024, episode_chars=6000, distill_per_group=0,
-            extractor_batch=64, micro_batch=4, eval_episodes=64, eval_every=10, iters=512)
+            extractor_batch=64, micro_batch=4, eval_episodes=64, eval_every=10, merge_every=5, iters=512)
 
 
 def parse_args(argv=None):
@@ -51,7 +52,7 @@ def parse_args(argv=None):
     # preset-dependent (None = the tiny or the real default)
     for name in ["iters", "groups", "group_size", "warmup", "history", "max_reply_tokens", "max_context",
                  "extractor_reply_tokens", "episode_chars", "distill_per_group", "extractor_batch",
-                 "micro_batch", "eval_episodes", "eval_every"]:
+                 "micro_batch", "eval_episodes", "eval_every", "merge_every"]:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--extractor-lr", type=float, default=None)
@@ -156,7 +157,7 @@ def main(argv=None):
         max_reply_tokens=args.max_reply_tokens, max_context=args.max_context,
         extractor_free_text=args.extractor != "tiny", extractor_reply_tokens=args.extractor_reply_tokens,
         episode_chars=args.episode_chars, distill_per_group=args.distill_per_group,
-        extractor_batch=args.extractor_batch, micro_batch=args.micro_batch)
+        extractor_batch=args.extractor_batch, micro_batch=args.micro_batch, merge_every=args.merge_every)
     extractor = extractor_tok = manager = None
     if cfg.uses_bank:
         extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if args.resume else args.extractor,
@@ -191,7 +192,6 @@ def main(argv=None):
     save_every = args.save_every or args.eval_every
     bar = range(start, args.iters)
     if rank == 0:
-        from tqdm import tqdm
         bar = tqdm(bar, initial=start, total=args.iters, desc=f"{args.mode} {','.join(args.tasks)}", unit="it")
     for step in bar:
         t0 = time.perf_counter()
@@ -222,6 +222,7 @@ def main(argv=None):
         print(f"done: {args.out}/metrics.jsonl, {args.out}/curve.png, checkpoint in {ckpt}")
     if world > 1:
         dist.destroy_process_group()
+    return run
 
 
 def draw_curve(out: str):

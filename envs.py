@@ -1,0 +1,752 @@
+"""Text environments: each class turns a game into text for the actor and the actor's reply back into a move.
+
+What the actor reads decides what it can learn, so observations are compact (a tiny byte-level model reads
+every character of a 30-turn episode), faithful (the underlying game is the real one, untouched) and
+unambiguous (every symbol in view is explained once; important things get their offset from the agent in
+words, e.g. `stairs down (>): 2 east, 1 south`).
+
+- MiniHack (`room`, `maze`, `keyroom`, `river`): the real `minihack`/`nle` engine; we render its
+  agent-centred crop, its screen descriptions (for the legend) and its message line.
+- Sokoban (`sokoban`): 6x6 room, 2 boxes, written here in numpy: random-walk room, reverse-play
+  generation, and a BFS solver (`solve_sokoban`) that proves every generated room solvable.
+- ALFWorld (`alfworld`): the real `alfworld` + `textworld` games read from `$ALFWORLD_DATA` (unpacked
+  from the shared tarball by `alfworld_data_dir`).
+
+Every env has `.instruction`, `.actions`, `.max_steps`, `reset(seed=None) -> str` and
+`step(reply) -> (obs, reward, done, info)` with `info["success"]`, `info["invalid"]`, `info["steps"]`.
+A reply that does not parse to a valid action does not advance the game but still uses up a step.
+crl.py calls `make()`; `python envs.py play TASK` shows a person exactly what the actor sees.
+"""
+import contextlib
+import functools
+import json
+import os
+import random
+import re
+import sys
+import tarfile
+import tempfile
+import threading
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld")
+MAX_STEPS = 30  # the paper's per-episode action limit for MiniHack, Sokoban and ALFWorld
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+
+
+def parse_action(reply: str, actions) -> str | None:
+    """The action named by a reply, or None. Accepts the bare action or the actor's `<answer>...</answer>`
+    format (the last tag wins, so reasoning before it may mention other actions); case-insensitive."""
+    found = _ANSWER.findall(reply)
+    text = (found[-1] if found else reply).strip().lower()
+    valid = {a.lower(): a for a in actions}
+    return valid.get(text)
+
+
+def invalid_text(reply: str, actions) -> str:
+    """The observation for an unparseable reply: says so and lists the valid actions."""
+    shown = reply.strip().replace("\n", " ")
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"Action not understood: {shown!r}. Valid actions: {', '.join(actions)}."
+
+
+def _seed_from(rng: random.Random, seed) -> int:
+    """The episode seed: the caller's when given, else the next one from the env's own generator."""
+    if seed is None:
+        return rng.randrange(2**63)
+    if not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    return int(seed)
+
+
+def offset_words(dx: int, dy: int, words=("east", "west", "south", "north")) -> str:
+    """An offset in moves, horizontal part first: (2, 1) -> '2 east, 1 south'. words = (+x, -x, +y, -y)."""
+    parts = []
+    if dx:
+        parts.append(f"{abs(dx)} {words[0] if dx > 0 else words[1]}")
+    if dy:
+        parts.append(f"{abs(dy)} {words[2] if dy > 0 else words[3]}")
+    return ", ".join(parts) or "here"
+
+
+def render_grid(rows, name_of, center, terrain, words=("east", "west", "south", "north"), max_listed=3, few=()):
+    """Map rows, a legend line and one position line per important kind of thing.
+
+    rows: list of equal-length strings; name_of(r, c): the name of a (non-blank) cell;
+    center: (row, col) of the agent. Blank border rows/columns are trimmed (they carry no information),
+    each row is right-stripped. Things whose name is not in `terrain` are listed with their offset from
+    the agent, nearest first (at most `max_listed` per kind; only the nearest one for kinds in `few`,
+    such as water, whose extent the map already shows)."""
+    occupied = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch != " "]  # ' ' = unseen
+    if not occupied:  # e.g. NetHack's screen after the game ended
+        return ["(nothing in view)"]
+    r0, r1 = min(r for r, _ in occupied), max(r for r, _ in occupied)
+    c0, c1 = min(c for _, c in occupied), max(c for _, c in occupied)
+    lines = [rows[r][c0:c1 + 1].rstrip() for r in range(r0, r1 + 1)]
+    legend, things = {}, {}
+    ar, ac = center
+    for r, c in sorted(occupied, key=lambda rc: (rc != center, rc)):  # the agent first, then reading order
+        ch, name = rows[r][c], name_of(r, c)
+        legend.setdefault((ch, name), None)
+        if name not in terrain:
+            things.setdefault((name, ch), []).append((c - ac, r - ar))
+    out = lines + ["legend: " + ", ".join(f"{ch}={name}" for ch, name in legend)]
+    for (name, ch), offs in things.items():
+        offs.sort(key=lambda d: (max(abs(d[0]), abs(d[1])), abs(d[0]) + abs(d[1])))
+        k = 1 if name in few else max_listed
+        shown = "; ".join(offset_words(dx, dy, words) for dx, dy in offs[:k])
+        more = f"; +{len(offs) - k} more" if len(offs) > k else ""
+        out.append(f"{name} ({ch}): {shown}{more}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- MiniHack
+
+@dataclass(frozen=True)
+class MiniHackSpec:
+    env_id: str
+    instruction: str
+    crop: int = 9  # side of MiniHack's agent-centred crop (odd; MiniHack's crop is only right when square)
+    keys: bool = False  # KeyRoom adds pickup and apply
+
+
+_MOVES = ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")
+_MOVE_HELP = "Actions: north, south, east, west, northeast, northwest, southeast, southwest."
+MINIHACK = {
+    "room": MiniHackSpec(
+        "MiniHack-Room-Ultimate-5x5-v0",
+        "Find the stairs down (>) in a dark 5x5 room and step onto them. You see only next to you; "
+        "a monster and a trap may be there. " + _MOVE_HELP),
+    "maze": MiniHackSpec(
+        "MiniHack-MazeWalk-9x9-v0",
+        "Find the stairs down (>) in a dark maze and step onto them. Walls block you. " + _MOVE_HELP),
+    "keyroom": MiniHackSpec(
+        "MiniHack-KeyRoom-S5-v0",
+        "Reach the stairs down (>) behind a locked door (+). Walk onto the key ((), pickup, go next to "
+        "the door, apply to unlock it, then walk through. " + _MOVE_HELP + " Also: pickup, apply.",
+        keys=True),
+    "river": MiniHackSpec(
+        "MiniHack-River-Narrow-v0",
+        "Reach the stairs down (>) across the river to the east. Water (}) drowns you: push boulders (`) "
+        "into it by walking into them; each fills one water square. " + _MOVE_HELP,
+        crop=21),
+}
+# NLE's screen descriptions are long; these short names keep the legend compact. Unknown ones pass through.
+_SHORT_NAMES = {
+    "human rogue called Agent": "you", "floor of a room": "floor", "dark part of a room": "floor",
+    "staircase down": "stairs down", "staircase up": "stairs up", "doorway": "doorway",
+}
+_TERRAIN = {"you", "floor", "wall", "corridor", "stairs up"}  # in the legend, but not located in words
+_GREETINGS = re.compile(r"(Hello Agent, welcome to NetHack!\s+You are a [^.]*\.|"
+                        r"Be careful!\s+New moon tonight\.|You are lucky!\s+Full moon tonight\.)\s*")
+
+
+@functools.lru_cache(maxsize=4096)
+def short_name(raw: bytes) -> str:
+    """A compact name for an NLE screen description (raw NUL-padded bytes, cached: the same few recur
+    every step): 'a key named The Master Key of Thievery' -> 'key'."""
+    desc = raw.replace(b"\0", b"").decode("latin-1")
+    if desc in _SHORT_NAMES:
+        return _SHORT_NAMES[desc]
+    desc = re.sub(r"^(a|an|the) ", "", desc)
+    return re.split(r" (named|called) ", desc)[0]
+
+
+_QUIET_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence stdout/stderr at the file-descriptor level while building or resetting an engine:
+    MiniHack's level compiler (a subprocess) and warnings would otherwise print into the actor's terminal
+    or a piped `play` session. Serialised by a lock: two threads swapping fd 1 at once could leave it
+    pointing at /dev/null. Steps do not print, so they run without it."""
+    with _QUIET_LOCK, _silenced():
+        yield
+
+
+@contextlib.contextmanager
+def _silenced():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(os.devnull, "w") as null, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def make_minihack_raw(task: str, max_steps: int = MAX_STEPS):
+    """The raw MiniHack env (unwrapped gymnasium env) exactly as our wrapper drives it; tests and the
+    benchmark compare against this. No ttyrecs or stat files are written (savedir=None)."""
+    spec = MINIHACK[task]
+    with _quiet():
+        import gymnasium as gym
+        import minihack  # noqa: F401  (registers the MiniHack env ids)
+        kwargs = dict(observation_keys=("chars_crop", "screen_descriptions_crop", "blstats", "message"),
+                      obs_crop_h=spec.crop, obs_crop_w=spec.crop, savedir=None, save_ttyrec_every=0,
+                      fix_moon_phase=True)
+        env = gym.make(spec.env_id, **kwargs).unwrapped
+        if env._max_episode_steps < max_steps:
+            env._max_episode_steps = max_steps
+    return env
+
+
+def seed_minihack(env, seed: int):
+    """Fix NetHack's two RNGs (core and display) for the next reset; reseed=False keeps the whole
+    episode, not just the level, reproducible. (gymnasium's reset(seed=) does not reach NetHack.)"""
+    s = int(seed) % (2**63)
+    env.seed(s, s, reseed=False)
+
+
+class MiniHackEnv:
+    """One MiniHack task as text. The gym env is built once and reused across resets (building it compiles
+    the level description, which is the slow part)."""
+
+    def __init__(self, task: str, seed=None, max_steps: int = MAX_STEPS):
+        from nle import nethack
+        self.task, self.spec, self.max_steps = task, MINIHACK[task], max_steps
+        self.instruction = self.spec.instruction
+        self.actions = _MOVES + (("pickup", "apply") if self.spec.keys else ())
+        self.env = make_minihack_raw(task, max_steps)
+        cmd = {"pickup": nethack.Command.PICKUP, "apply": nethack.Command.APPLY}
+        cmd.update({m: d for m, d in zip(_MOVES, (nethack.CompassDirection.N, nethack.CompassDirection.E,
+                                                  nethack.CompassDirection.S, nethack.CompassDirection.W,
+                                                  nethack.CompassDirection.NE, nethack.CompassDirection.SE,
+                                                  nethack.CompassDirection.SW, nethack.CompassDirection.NW))})
+        self.action_index = {a: self.env.actions.index(cmd[a]) for a in self.actions}
+        self._rng = random.Random(seed)
+        self.steps, self.done, self.obs = 0, True, None
+        self._success_status = self.env.StepStatus.TASK_SUCCESSFUL
+
+    def reset(self, seed=None) -> str:
+        self.episode_seed = _seed_from(self._rng, seed)
+        seed_minihack(self.env, self.episode_seed)
+        with _quiet():
+            raw, _ = self.env.reset()
+        self.steps, self.done = 0, False
+        self.obs = self.render(raw, first=True)
+        self.raw = raw
+        return self.obs
+
+    @property
+    def pos(self) -> tuple:
+        """The agent's (x, y) on NetHack's map, from blstats (also in every step's info)."""
+        return tuple(int(v) for v in self.raw["blstats"][:2])
+
+    def step(self, reply: str):
+        if self.done:
+            raise ValueError("episode is over: call reset() before step()")
+        self.steps += 1
+        action = parse_action(reply, self.actions)
+        info = {"success": False, "invalid": action is None, "steps": self.steps, "action": action}
+        if action is None:
+            obs, reward, game_over = invalid_text(reply, self.actions), 0.0, False
+        else:
+            raw, _, term, trunc, ginfo = self.env.step(self.action_index[action])
+            self.raw = raw
+            info["success"] = ginfo["end_status"] == self._success_status
+            game_over = bool(term or trunc)
+            reward = 1.0 if info["success"] else 0.0
+            if info["success"]:  # NetHack's screen is blank once the game has ended
+                obs = "You reached the stairs down (>): task complete."
+            elif game_over:
+                obs = f"The game is over ({ginfo['end_status'].name.lower()}): task failed."
+            else:
+                obs = self.render(raw)
+            self.obs = obs
+        info["pos"] = self.pos
+        self.done = info["success"] or game_over or self.steps >= self.max_steps
+        return obs, reward, self.done, info
+
+    def render(self, raw, first=False) -> str:
+        """The actor's view: MiniHack's crop, a legend from NLE's screen descriptions, positions of
+        non-terrain things relative to the agent, and the message line (startup greetings dropped)."""
+        chars, descs = raw["chars_crop"], raw["screen_descriptions_crop"]
+        rows = [row.tobytes().decode("latin-1") for row in np.where(chars == 0, 32, chars).astype(np.uint8)]
+        mid = self.spec.crop // 2
+        lines = render_grid(rows, lambda r, c: short_name(descs[r, c].tobytes()), (mid, mid), _TERRAIN,
+                            few=("water",))
+        message = bytes(raw["message"]).split(b"\0")[0].decode("latin-1")
+        message = " ".join(_GREETINGS.sub("", message).split()) if first else " ".join(message.split())
+        if message:
+            lines.append("message: " + message)
+        return "\n".join(lines)
+
+
+class MapAgent:
+    """Scripted baseline for room, maze and keyroom that reads only the text the actor reads: it keeps the
+    cells it has seen (anchored by info['pos']), walks by BFS to the stairs when known, otherwise to the
+    nearest unexplored edge; in keyroom it first fetches the key and unlocks the door."""
+
+    _STEPS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0), "northeast": (1, -1),
+              "northwest": (-1, -1), "southeast": (1, 1), "southwest": (-1, 1)}
+
+    def __init__(self):
+        self.cells, self.special, self.has_key = {}, {}, False
+        self._rng = random.Random(0)  # only for the rare dead end; keeps the baseline reproducible
+
+    def observe(self, obs: str, info: dict):
+        lines = obs.split("\n")
+        k = next(i for i, line in enumerate(lines) if line.startswith("legend: "))
+        grid = lines[:k]
+        ar, ac = next((r, row.index("@")) for r, row in enumerate(grid) if "@" in row)
+        x, y = info["pos"]
+        for r, row in enumerate(grid):
+            for c, ch in enumerate(row):
+                if ch != " ":
+                    self.cells[(x + c - ac, y + r - ar)] = ch
+        for line in lines[k + 1:]:
+            m = re.match(r"(.+) \((.)\): (.+)$", line)
+            if not m or line.startswith("message: "):
+                continue
+            for part in m.group(3).split("; "):
+                if part.startswith("+"):
+                    continue
+                dx = dy = 0
+                for n, w in re.findall(r"(\d+) (\w+)", part):
+                    dx += {"east": int(n), "west": -int(n)}.get(w, 0)
+                    dy += {"south": int(n), "north": -int(n)}.get(w, 0)
+                self.special[(x + dx, y + dy)] = m.group(1)
+        for dx, dy in self._STEPS.values():  # NetHack always shows adjacent squares: blank there = rock
+            self.cells.setdefault((x + dx, y + dy), "#")
+        self.pos = (x, y)
+        if re.search(r"^message: \w - .*key", obs, re.M):  # NetHack's pickup line: "h - a key named ..."
+            self.has_key = True
+
+    def _passable(self, p):
+        ch, name = self.cells.get(p, " "), self.special.get(p, "")
+        if ch in " -|+`}#" and name not in ("open door", "doorway", "broken door"):
+            return False
+        return name not in ("closed door",)
+
+    def _bfs(self, goal_fn):
+        """First move of a shortest path to a cell satisfying goal_fn (None if unreachable)."""
+        start = self.pos
+        prev = {start: None}
+        queue = deque([start])
+        while queue:
+            p = queue.popleft()
+            if p != start and goal_fn(p):
+                while prev[p] != start:
+                    p = prev[p]
+                d = (p[0] - start[0], p[1] - start[1])
+                return next(a for a, s in self._STEPS.items() if s == d)
+            for a, (dx, dy) in self._STEPS.items():
+                q = (p[0] + dx, p[1] + dy)
+                doorish = "door" in self.special.get(q, "") or "door" in self.special.get(p, "")
+                if q in prev or not self._passable(q) or (dx and dy and doorish):
+                    continue
+                if not goal_fn(q) and q not in self.cells:
+                    continue
+                prev[q] = p
+                queue.append(q)
+        return None
+
+    def _frontier(self, p):
+        return p in self.cells and self._passable(p) and any(
+            (p[0] + dx, p[1] + dy) not in self.cells for dx, dy in self._STEPS.values())
+
+    def act(self, obs: str, info: dict) -> str:
+        self.observe(obs, info)
+        where = {name: [p for p, n in self.special.items() if n == name] for name in set(self.special.values())}
+        if where.get("stairs down"):
+            move = self._bfs(lambda p: p in where["stairs down"])
+            if move:
+                return move
+        if where.get("key") and not self.has_key:
+            if self.pos in where["key"] or "You see here a key" in obs:
+                self.has_key = True
+                return "pickup"
+            move = self._bfs(lambda p: p in where["key"])
+            if move:
+                return move
+        doors = where.get("closed door", [])
+        if self.has_key and doors:
+            if any(max(abs(d[0] - self.pos[0]), abs(d[1] - self.pos[1])) == 1 for d in doors):
+                return "apply"
+            move = self._bfs(lambda p: self._passable(p) and any(
+                max(abs(d[0] - p[0]), abs(d[1] - p[1])) == 1 for d in doors))
+            if move:
+                return move
+        return self._bfs(self._frontier) or self._rng.choice(list(self._STEPS))
+
+
+# ----------------------------------------------------------------------------------------------- Sokoban
+
+_DIRS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+_SOKO_NAMES = {"#": "wall", ".": "floor", "o": "target", "B": "box", "X": "box on target", "@": "you",
+               "+": "you on target"}
+
+
+class Sokoban:
+    """Sokoban on a 6x6 board (outer wall included), 2 boxes, 2 targets. Boxes can be pushed, never pulled;
+    a move into a wall or a blocked box leaves the board unchanged but uses up a step.
+
+    Rooms come from reverse play (as in gym-sokoban): carve a room by a random walk, put the boxes on the
+    targets, then walk the player backwards, pulling boxes. Every reverse pull is a forward push, so the
+    room is solvable; we also keep only rooms where all boxes left their targets and the BFS solution
+    fits in the step limit."""
+
+    instruction = ("Push both boxes (B) onto the targets (o). Walk into a box to push it; boxes cannot be "
+                   "pulled, and a box against a wall can get stuck. Actions: up, down, left, right.")
+    actions = ("up", "down", "left", "right")
+
+    def __init__(self, seed=None, max_steps: int = MAX_STEPS, size: int = 6, n_boxes: int = 2):
+        if size < 4 or n_boxes < 1:
+            raise ValueError(f"sokoban needs size >= 4 and n_boxes >= 1, got size={size}, n_boxes={n_boxes}")
+        self.max_steps, self.size, self.n_boxes = max_steps, size, n_boxes
+        self._rng = random.Random(seed)
+        self.done = True
+
+    @classmethod
+    def from_text(cls, board: str, max_steps: int = MAX_STEPS):
+        """A hand-built board: '#' wall, '.' floor, 'o' target, 'B' box, 'X' box on target, '@' you,
+        '+' you on target."""
+        rows = board.strip("\n").split("\n")
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError("sokoban board rows must all have the same length")
+        env = cls(max_steps=max_steps)
+        grid = np.array([list(r) for r in rows])
+        bad = set(grid.ravel()) - set(_SOKO_NAMES)
+        if bad:
+            raise ValueError(f"unknown sokoban symbols {sorted(bad)}; use one of {''.join(_SOKO_NAMES)}")
+        env.walls, env.targets = grid == "#", np.isin(grid, ["o", "X", "+"])
+        env.boxes = np.isin(grid, ["B", "X"])
+        players = np.argwhere(np.isin(grid, ["@", "+"]))
+        if len(players) != 1 or env.boxes.sum() != env.targets.sum():
+            raise ValueError("a sokoban board needs exactly one player and as many boxes as targets")
+        env.player = tuple(int(v) for v in players[0])
+        env.size, env.n_boxes = len(rows), int(env.boxes.sum())
+        env.steps, env.done, env.episode_seed = 0, False, None
+        return env
+
+    def reset(self, seed=None) -> str:
+        self.episode_seed = _seed_from(self._rng, seed)
+        self.walls, self.targets, self.boxes, self.player = generate_sokoban(
+            self.episode_seed, self.size, self.n_boxes, self.max_steps)
+        self.steps, self.done = 0, False
+        return self.render()
+
+    def step(self, reply: str):
+        if self.done:
+            raise ValueError("episode is over: call reset() before step()")
+        self.steps += 1
+        action = parse_action(reply, self.actions)
+        info = {"success": False, "invalid": action is None, "steps": self.steps, "action": action}
+        if action is None:
+            obs = invalid_text(reply, self.actions)
+        else:
+            moved = self.move(action)
+            info["success"] = self.solved()
+            obs = self.render(None if moved else "That way is blocked.")
+        info["pos"] = self.player
+        self.done = info["success"] or self.steps >= self.max_steps
+        return obs, float(info["success"]), self.done, info
+
+    def move(self, action: str) -> bool:
+        """Apply one move; returns whether anything moved."""
+        dr, dc = _DIRS[action]
+        r, c = self.player
+        n1, n2 = (r + dr, c + dc), (r + 2 * dr, c + 2 * dc)
+        if self.walls[n1]:
+            return False
+        if self.boxes[n1]:
+            inside = 0 <= n2[0] < self.walls.shape[0] and 0 <= n2[1] < self.walls.shape[1]
+            if not inside or self.walls[n2] or self.boxes[n2]:
+                return False
+            self.boxes[n1], self.boxes[n2] = False, True
+        self.player = n1
+        return True
+
+    def solved(self) -> bool:
+        return bool((self.boxes == self.targets).all())
+
+    def grid(self) -> list[str]:
+        g = np.full(self.walls.shape, ".")
+        g[self.targets] = "o"
+        g[self.boxes] = "B"
+        g[self.boxes & self.targets] = "X"
+        g[self.walls] = "#"
+        g[self.player] = "+" if self.targets[self.player] else "@"
+        return ["".join(row) for row in g]
+
+    def render(self, message=None) -> str:
+        rows = self.grid()
+        lines = render_grid(rows, lambda r, c: _SOKO_NAMES[rows[r][c]], self.player,
+                            {"wall", "floor", "you", "you on target"}, words=("right", "left", "down", "up"))
+        return "\n".join(lines + ([f"message: {message}"] if message else []))
+
+
+def _random_room(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Floor mask carved by a random walk inside the outer wall (turns with probability 0.35)."""
+    floor = np.zeros((size, size), bool)
+    pos = np.array(rng.integers(1, size - 1, 2))
+    d = np.array(list(_DIRS.values())[rng.integers(4)])
+    for _ in range(3 * size):
+        floor[tuple(pos)] = True
+        if rng.random() < 0.35:
+            d = np.array(list(_DIRS.values())[rng.integers(4)])
+        nxt = pos + d
+        if (1 <= nxt).all() and (nxt <= size - 2).all():
+            pos = nxt
+    return floor
+
+
+def generate_sokoban(seed: int, size: int = 6, n_boxes: int = 2, max_steps: int = MAX_STEPS):
+    """(walls, targets, boxes, player) of a solvable room, a pure function of seed."""
+    rng = np.random.default_rng(int(seed) % 2**64)
+    for _ in range(10_000):
+        floor = _random_room(rng, size)
+        cells = [tuple(int(v) for v in p) for p in np.argwhere(floor)]
+        if len(cells) < n_boxes + 4:
+            continue
+        picks = rng.choice(len(cells), n_boxes + 1, replace=False)
+        targets = np.zeros_like(floor)
+        for i in picks[:-1]:
+            targets[cells[i]] = True
+        for _walk in range(5):
+            boxes, player = targets.copy(), cells[picks[-1]]
+            for _ in range(int(rng.integers(10, 40))):
+                dr, dc = list(_DIRS.values())[rng.integers(4)]
+                nxt, behind = (player[0] + dr, player[1] + dc), (player[0] - dr, player[1] - dc)
+                if not floor[nxt] or boxes[nxt]:
+                    continue
+                if boxes[behind] and rng.random() < 0.8:  # pull: the box follows the player
+                    boxes[behind], boxes[player] = False, True
+                player = nxt
+            if (boxes & targets).any():
+                continue
+            walls = ~floor
+            solution = solve_sokoban(walls, targets, boxes, player, max_depth=max_steps)
+            if solution is not None:
+                return walls, targets, boxes, player
+    raise RuntimeError(f"could not generate a sokoban room for seed {seed}")
+
+
+def solve_sokoban(walls, targets, boxes, player, max_depth: int = 200):
+    """Shortest action list that puts every box on a target (BFS over (player, boxes) states), or None
+    if there is none within max_depth moves."""
+    goal = frozenset(map(tuple, np.argwhere(targets)))
+    start = (tuple(player), frozenset(map(tuple, np.argwhere(boxes))))
+    prev = {start: None}
+    frontier = [start]
+    for _depth in range(max_depth + 1):
+        nxt_frontier = []
+        for state in frontier:
+            p, bx = state
+            if bx == goal:
+                path = []
+                while prev[state] is not None:
+                    state, a = prev[state]
+                    path.append(a)
+                return path[::-1]
+            for a, (dr, dc) in _DIRS.items():
+                n1 = (p[0] + dr, p[1] + dc)
+                if walls[n1]:
+                    continue
+                nb = bx
+                if n1 in bx:
+                    n2 = (n1[0] + dr, n1[1] + dc)
+                    if walls[n2] or n2 in bx:
+                        continue
+                    nb = (bx - {n1}) | {n2}
+                s = (n1, nb)
+                if s not in prev:
+                    prev[s] = (state, a)
+                    nxt_frontier.append(s)
+        frontier = nxt_frontier
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- ALFWorld
+
+ALFWORLD_TARBALL = Path(__file__).resolve().parent.parent / "shared" / "data" / "alfworld-games.tar.xz"
+_ALFWORLD_SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
+
+
+def alfworld_data_dir(split: str = "valid_unseen") -> Path:
+    """The ALFWorld data root ($ALFWORLD_DATA, else ~/.cache/crl/alfworld) with `json_2.1.1/<split>`
+    present: unpacks that split from the tarball ($CRL_ALFWORLD_TAR, else ../shared/data/) on first use.
+    A split is unpacked into a temporary folder and renamed into place, so an interrupted unpack leaves
+    nothing half-written."""
+    if split not in _ALFWORLD_SPLITS:
+        raise ValueError(f"unknown ALFWorld split {split!r}; choose from {', '.join(_ALFWORLD_SPLITS)}")
+    root = Path(os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "crl" / "alfworld")
+    target = root / "json_2.1.1" / split
+    if target.is_dir():
+        return root
+    tarball = Path(os.environ.get("CRL_ALFWORLD_TAR") or ALFWORLD_TARBALL)
+    if not tarball.is_file():
+        raise FileNotFoundError(
+            f"ALFWorld games not found: no {target} and no tarball at {tarball}. Set ALFWORLD_DATA to a folder "
+            f"holding json_2.1.1/{split}/ (alfworld-download fetches it) or CRL_ALFWORLD_TAR to "
+            "alfworld-games.tar.xz.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f"json_2.1.1/{split}/"
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{split}-") as tmp:
+        with tarfile.open(tarball, "r:xz") as tar:
+            members = [m for m in tar if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
+            tar.extractall(tmp, members=members, filter="data")
+        try:
+            os.rename(Path(tmp) / "json_2.1.1" / split, target)
+        except OSError:
+            if not target.is_dir():  # another process won the race: fine; anything else: re-raise
+                raise
+    return root
+
+
+def alfworld_games(split: str = "valid_unseen") -> list[Path]:
+    """The split's game files, in a fixed shuffled order (so consecutive seeds mix task types)."""
+    root = alfworld_data_dir(split) / "json_2.1.1" / split
+    files = sorted(root.glob("*/*/game.tw-pddl"))
+    if not files:
+        raise FileNotFoundError(f"no game.tw-pddl files under {root}; re-unpack or fix $ALFWORLD_DATA")
+    random.Random(0).shuffle(files)
+    return files
+
+
+class ALFWorld:
+    """ALFWorld household tasks through the real textworld engine. Seed s plays game s mod N of the split
+    (a fixed permutation): seeds 0..133 of valid_unseen are its 134 games. The observation is the game's
+    feedback followed by the admissible commands, which are the valid actions. Reward 1 on success,
+    -1 when the step limit ends the episode first (the paper's choice)."""
+
+    instruction = ("You are in a household. Complete the task given in the first observation. Each turn, "
+                   "reply with exactly one of the listed admissible actions.")
+    failure_reward = -1.0   # what an episode cut short (e.g. out of the actor's context) earns
+
+    def __init__(self, seed=None, split: str = "train", max_steps: int = MAX_STEPS):
+        try:
+            import textworld  # noqa: F401
+            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler  # noqa: F401
+        except ImportError as e:
+            raise ImportError(f"alfworld needs `pip install alfworld==0.4.2 \"textworld[pddl]\"` ({e})") from None
+        alfworld_data_dir(split)  # fail early, with the message that says how to get the data
+        self.split, self.max_steps = split, max_steps
+        self._rng = random.Random(seed)
+        self._games = None
+        self.actions, self.done, self.tw = (), True, None
+
+    def reset(self, seed=None) -> str:
+        import textworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+        if self._games is None:
+            self._games = alfworld_games(self.split)
+        self.episode_seed = _seed_from(self._rng, seed)
+        self.game_file = self._games[self.episode_seed % len(self._games)]
+        if self.tw is not None:
+            self.tw.close()
+        infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+        with _quiet():
+            self.tw = textworld.start(str(self.game_file), request_infos=infos,
+                                      wrappers=[AlfredDemangler(), AlfredInfos])
+            state = self.tw.reset()
+        self.steps, self.done = 0, False
+        text = state.feedback.replace("-= Welcome to TextWorld, ALFRED! =-", "").strip()
+        self.task = text.split("Your task is to: ")[-1].strip()
+        return self._render(text, state)
+
+    def walkthrough(self) -> list[str]:
+        """The expert action list shipped with the current game (a test oracle and a baseline)."""
+        return json.loads(self.game_file.read_text())["walkthrough"]
+
+    def _render(self, text: str, state) -> str:
+        self.actions = tuple(c for c in state["admissible_commands"] if c not in ("help",))
+        return " ".join(text.split()) + "\nAdmissible actions: " + ", ".join(self.actions) + "."
+
+    def step(self, reply: str):
+        if self.done:
+            raise ValueError("episode is over: call reset() before step()")
+        self.steps += 1
+        action = parse_action(reply, self.actions)
+        info = {"success": False, "invalid": action is None, "steps": self.steps, "action": action}
+        if action is None:
+            obs, over = invalid_text(reply, self.actions), False
+        else:
+            state, _, over = self.tw.step(action)
+            info["success"] = bool(state["won"])
+            obs = self._render(state.feedback, state)
+        self.done = info["success"] or over or self.steps >= self.max_steps
+        reward = 1.0 if info["success"] else (-1.0 if self.done else 0.0)
+        return obs, reward, self.done, info
+
+
+# -------------------------------------------------------------------------------------------------- make
+
+def make(task: str, seed=None, **kwargs):
+    """The env for a task name (see TASKS). `seed` seeds the env's own generator of episode seeds, used when
+    reset() is called without one; reset(seed) always replays that exact episode."""
+    if task in MINIHACK:
+        return MiniHackEnv(task, seed=seed, **kwargs)
+    if task == "sokoban":
+        return Sokoban(seed=seed, **kwargs)
+    if task == "alfworld":
+        return ALFWorld(seed=seed, **kwargs)
+    raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+
+
+def play(task: str, seed=None, inp=sys.stdin, out=sys.stdout, **kwargs):
+    """Play in the terminal, seeing exactly what the actor sees; one action per input line."""
+    env = make(task, **kwargs)
+    obs = env.reset(seed)
+    print(f"TASK {task}: {env.instruction}\n", file=out)
+    total = 0.0
+    while True:
+        print(obs, file=out)
+        if len(env.actions) <= 12:
+            print(f"[actions: {', '.join(env.actions)}]", file=out)
+        print("> ", end="", file=out, flush=True)
+        line = inp.readline()
+        if not line:
+            print("\n(end of input)", file=out)
+            break
+        obs, reward, done, info = env.step(line.strip())
+        total += reward
+        if done:
+            print(obs, file=out)
+            print(f"episode over after {info['steps']} steps: success={info['success']} return={total:g}",
+                  file=out)
+            break
+    return total
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("play", help="play a task in the terminal as the actor sees it")
+    p.add_argument("task", choices=TASKS)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--split", default=None, help="alfworld split (default train)")
+    d = sub.add_parser("alfworld-data", help="unpack the ALFWorld games into $ALFWORLD_DATA or the cache")
+    d.add_argument("--split", action="append", choices=_ALFWORLD_SPLITS,
+                   help="split(s) to unpack (repeatable; default all)")
+    args = ap.parse_args(argv)
+    if args.cmd == "play":
+        extra = {"split": args.split} if args.task == "alfworld" and args.split else {}
+        play(args.task, args.seed, **extra)
+    else:
+        for split in args.split or _ALFWORLD_SPLITS:
+            root = alfworld_data_dir(split)
+        print(f"ALFWorld games ready under {root}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        sys.exit(f"error: {e}")

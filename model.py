@@ -1,0 +1,876 @@
+"""model.py — the decoder and the rollout engine.
+
+One hand-written `Transformer` serves Qwen3 (q/k RMSNorm), Qwen2/Qwen2.5 (q/k/v bias) and Llama (llama3 rope
+scaling), chosen from a Hugging Face checkpoint's config.json, loaded and saved with safetensors only.
+Around it:
+  - `ByteTokenizer` / `load_tokenizer`: a built-in byte-level ChatML tokenizer for the `tiny` preset, or
+    transformers' tokenizer for a real checkpoint; crl.py uses both through the same few methods.
+  - `Session` + `generate`: batched sampling over a preallocated KV cache. A Session keeps live multi-turn
+    conversations (one cache row each) so every turn prefills only its new tokens.
+  - `Constraint`: per-row allowed completions (a token trie) that mask the logits while sampling.
+  - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
+    top-p and constraint masks), chunked over the vocabulary projection.
+The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from kernels/, which
+runs Triton on CUDA and plain torch elsewhere. crl.py (rollouts, losses) and bank.py (the decoder embedder)
+are the callers.
+"""
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from kernels import apply_rope, decode_attention, rmsnorm, selective_log_softmax
+
+# architecture name in config.json -> model_type written back
+ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+# -----------------------------------------------------------------------------------------------------------
+# config
+
+
+@dataclass
+class ModelConfig:
+    """The decoder's shape. Field names are the config.json keys, so `Transformer.tiny(hidden_size=64)` and a
+    checkpoint's config.json speak the same language; `extra` carries every other key back out unchanged."""
+    architecture: str = "Qwen3ForCausalLM"
+    vocab_size: int = 259
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None      # {"rope_type": "llama3" | "linear", "factor": ..., ...} or None
+    attention_bias: bool = False          # Qwen3 / Llama: bias on q, k, v and o
+    mlp_bias: bool = False                # Llama only
+    tie_word_embeddings: bool = True
+    eos_token_id: int | list | None = None
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    extra: dict = field(default_factory=dict, repr=False)
+
+    # derived per architecture (the differences between the three families are exactly these flags)
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture == "Qwen3ForCausalLM"
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.architecture == "Qwen2ForCausalLM" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.architecture != "Qwen2ForCausalLM" and self.attention_bias
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        e = self.eos_token_id
+        return [] if e is None else [int(e)] if isinstance(e, int) else [int(x) for x in e]
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "ModelConfig":
+        """Parse a config.json dict; refuses what this decoder would silently compute wrong."""
+        d = dict(d)
+        archs = d.pop("architectures", None) or []
+        arch = archs[0] if archs else {v: k for k, v in ARCHITECTURES.items()}.get(d.get("model_type"))
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch or d.get('model_type')!r}; supported: "
+                             f"{', '.join(ARCHITECTURES)}")
+        d.pop("model_type", None)
+        act = d.pop("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r} in config.json; only 'silu' is supported")
+        if d.get("use_sliding_window"):
+            raise ValueError("config.json sets use_sliding_window=true; sliding-window attention is not supported")
+        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
+            if k not in d:
+                raise ValueError(f"config.json has no {k!r}")
+        heads = d["num_attention_heads"]
+        head_dim = d.pop("head_dim", None) or d["hidden_size"] // heads
+        # rope: transformers 5 writes rope_parameters (theta inside); older configs rope_theta + rope_scaling
+        rp = dict(d.pop("rope_parameters", None) or {})
+        scaling = d.pop("rope_scaling", None)
+        if scaling:
+            rp.update(scaling)
+        theta = float(rp.pop("rope_theta", d.pop("rope_theta", 10000.0)))
+        d.pop("rope_theta", None)
+        rtype = rp.pop("rope_type", rp.pop("type", "default"))
+        if rtype not in ROPE_TYPES:
+            raise ValueError(f"unsupported rope type {rtype!r}; supported: {', '.join(ROPE_TYPES)}")
+        c = cls(
+            architecture=arch,
+            vocab_size=d.pop("vocab_size"),
+            hidden_size=d.pop("hidden_size"),
+            intermediate_size=d.pop("intermediate_size"),
+            num_hidden_layers=d.pop("num_hidden_layers"),
+            num_attention_heads=d.pop("num_attention_heads"),
+            num_key_value_heads=d.pop("num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            max_position_embeddings=d.pop("max_position_embeddings", 8192),
+            rms_norm_eps=float(d.pop("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=None if rtype == "default" else {"rope_type": rtype, **rp},
+            attention_bias=bool(d.pop("attention_bias", False)),
+            mlp_bias=bool(d.pop("mlp_bias", False)),
+            tie_word_embeddings=bool(d.pop("tie_word_embeddings", False)),
+            eos_token_id=d.pop("eos_token_id", None),
+            bos_token_id=d.pop("bos_token_id", None),
+            pad_token_id=d.pop("pad_token_id", None),
+        )
+        if heads % c.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                             f"{c.num_key_value_heads}")
+        c.extra = d
+        return c
+
+    def to_hf(self) -> dict:
+        """config.json dict that transformers 5 opens as the same model."""
+        d = dict(self.extra)
+        d.update(architectures=[self.architecture], model_type=ARCHITECTURES[self.architecture],
+                 vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                 intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+                 num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                 head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
+                 rms_norm_eps=self.rms_norm_eps, hidden_act="silu",
+                 rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})},
+                 tie_word_embeddings=self.tie_word_embeddings, eos_token_id=self.eos_token_id,
+                 bos_token_id=self.bos_token_id, pad_token_id=self.pad_token_id)
+        d["rope_parameters"]["rope_theta"] = self.rope_theta
+        if self.architecture != "Qwen2ForCausalLM":
+            d["attention_bias"] = self.attention_bias
+        if self.architecture == "LlamaForCausalLM":
+            d["mlp_bias"] = self.mlp_bias
+        return d
+
+
+def rope_inv_freq(c: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in fp32, with linear or llama3 (Llama 3.1) scaling applied."""
+    D = c.head_dim
+    inv = 1.0 / (c.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    s = c.rope_scaling or {}
+    if s.get("rope_type") == "linear":
+        inv = inv / s["factor"]
+    elif s.get("rope_type") == "llama3":
+        # long wavelengths are stretched by `factor`, short ones kept, the band between interpolated smoothly
+        factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old = s.get("original_max_position_embeddings", c.max_position_embeddings)
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv = torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return inv
+
+
+# -----------------------------------------------------------------------------------------------------------
+# the decoder
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return rmsnorm(x, self.weight, self.eps)
+
+
+@dataclass
+class _CacheStep:
+    """Where one cached forward call reads and writes the KV cache; built once per call, read by every layer.
+    Prefill: `ids` [B, T] right-padded new tokens, row b has n[b] of them, written after start[b] cached ones.
+    Decode: T == 1 and every row has exactly one new token (a cheaper attention path)."""
+    k: torch.Tensor          # [layers, Bmax, Hkv, L, D] the session's cache
+    v: torch.Tensor
+    rows: torch.Tensor       # [B] cache row of each batch row
+    positions: torch.Tensor  # [B, T] absolute position of each new token
+    decode: bool
+    write_b: torch.Tensor = None   # prefill: batch index / time index / cache row / position of each real token
+    write_t: torch.Tensor = None
+    write_row: torch.Tensor = None
+    write_pos: torch.Tensor = None
+    mask: torch.Tensor = None      # prefill: [B, 1, T, Lmax] which cached keys each new token sees
+    lengths: torch.Tensor = None   # decode: [B] cache length including the new token
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx, self.nq, self.nkv, self.hd = layer_idx, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.nq * self.hd, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(self.nq * self.hd, c.hidden_size, bias=c.o_bias)
+        if c.qk_norm:  # Qwen3 normalises each head's q and k before the rotation
+            self.q_norm = RMSNorm(self.hd, c.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask=None, cache: _CacheStep | None = None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nq, self.hd)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:  # plain causal forward (training, scoring): no cache at all
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=self.nq != self.nkv)
+            return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        kc, vc = cache.k[self.layer_idx], cache.v[self.layer_idx]
+        if cache.decode:  # one token per row: write its k/v in place, attend over the row's cache
+            pos = cache.positions[:, 0]
+            kc[cache.rows, :, pos] = k[:, 0]
+            vc[cache.rows, :, pos] = v[:, 0]
+            o = decode_attention(q[:, 0], kc, vc, cache.rows, cache.lengths)
+            return self.o_proj(o.reshape(B, 1, -1))
+        # prefill of ragged new tokens: write the real ones, then attend over each row's history + new tokens
+        kc[cache.write_row, :, cache.write_pos] = k[cache.write_b, cache.write_t]
+        vc[cache.write_row, :, cache.write_pos] = v[cache.write_b, cache.write_t]
+        L = cache.mask.shape[-1]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[cache.rows, :, :L], vc[cache.rows, :, :L],
+                                           attn_mask=cache.mask, enable_gqa=self.nq != self.nkv)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c, layer_idx)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, cos, sin, mask=None, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _hf_name(name: str) -> str:
+    """Our parameter names are HF's without the `model.` prefix (lm_head has none), so no rename table."""
+    return name if name.startswith("lm_head") else "model." + name
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Block(c, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)
+
+    @property
+    def device(self):
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self):
+        return self.embed_tokens.weight.dtype
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # parameters() counts a tied weight once
+
+    def rope(self, positions: torch.Tensor):
+        """cos, sin [B, T, head_dim // 2] for integer positions [B, T] (fp32, as HF computes them)."""
+        freqs = positions[..., None].float() * self.inv_freq.float()
+        return freqs.cos(), freqs.sin()
+
+    def _body(self, input_ids, positions, mask=None, cache=None):
+        """Embedding and all blocks, before the final norm."""
+        cos, sin = self.rope(positions)
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, cache)
+        return x
+
+    def hidden_states(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Final-norm hidden states [B, T, hidden]. Right padding needs no mask (causal attention never looks
+        ahead); left padding passes attention_mask (1 = real token) and gets positions counted from the first
+        real token, as HF does."""
+        B, T = input_ids.shape
+        mask = None
+        if attention_mask is not None:
+            am = attention_mask.bool()
+            if position_ids is None:
+                position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)
+            causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
+            # every query may see itself, so a pad query's softmax is never over an empty set (no NaN)
+            mask = (causal & am[:, None, :]) | torch.eye(T, dtype=torch.bool, device=input_ids.device)
+            mask = mask[:, None]
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        return self.norm(self._body(input_ids, position_ids, mask))
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, hidden_only=False) -> torch.Tensor:
+        """Logits [B, T, vocab]: the plain causal forward, no cache. hidden_only=True returns the final-norm
+        hidden states instead (what token_logprobs needs; going through forward keeps a DDP wrapper's
+        gradient synchronisation working)."""
+        h = self.hidden_states(input_ids, attention_mask, position_ids)
+        return h if hidden_only else self.lm_head(h)
+
+    # --- construction, loading, saving ---
+
+    def init_weights(self, seed: int = 0, std: float = 0.02):
+        """HF-style random init: normal(0, std) matrices and embeddings, zero biases, unit norms."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif p.dim() == 1:
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+        return self
+
+    @classmethod
+    def tiny(cls, seed: int = 0, **overrides) -> "Transformer":
+        """The CPU preset: a ~1M-parameter Qwen3 for the byte tokenizer. `overrides` are config.json keys."""
+        tok = ByteTokenizer()
+        d = dict(architectures=["Qwen3ForCausalLM"], vocab_size=len(tok), hidden_size=128,
+                 intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=32, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0,
+                 tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                 bos_token_id=None)
+        d.update(overrides)
+        return cls(ModelConfig.from_hf(d)).init_weights(seed)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None) -> "Transformer":
+        """A HF checkpoint directory (config.json + model.safetensors, or shards listed in
+        model.safetensors.index.json) -> model. Weights keep their stored dtype unless `dtype` is given."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+        cfg_file = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise FileNotFoundError(f"no config.json in {path!r}; expected a Hugging Face checkpoint directory")
+        with open(cfg_file) as f:
+            config = ModelConfig.from_hf(json.load(f))
+        files = _weight_files(path)
+        device = torch.device(device or "cpu")
+        with torch.device("meta"):
+            model = cls(config)
+        want = {_hf_name(n): n for n, _ in model.named_parameters(remove_duplicate=False)}
+        if config.tie_word_embeddings:
+            want.pop("lm_head.weight")
+        from safetensors import safe_open
+        state = {}
+        for fname in files:
+            with safe_open(os.path.join(path, fname), framework="pt", device=str(device)) as f:
+                for key in f.keys():
+                    if key in want:
+                        t = f.get_tensor(key)
+                        state[want[key]] = t.to(dtype) if dtype is not None else t
+                    elif not (key.endswith("rotary_emb.inv_freq") or key == "lm_head.weight"):
+                        raise ValueError(f"unexpected tensor {key!r} in {fname} for {config.architecture}; "
+                                         f"is config.json the one for these weights?")
+        missing = [k for k, n in want.items() if n not in state]
+        if missing:
+            raise ValueError(f"weight {missing[0]!r} missing from the safetensors files in {path!r}"
+                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        model.load_state_dict(state, strict=False, assign=True)
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        model.inv_freq = rope_inv_freq(config).to(device)
+        return model.eval()
+
+    def save_pretrained(self, path):
+        """Writes config.json + model.safetensors; transformers.AutoModelForCausalLM opens it as this model."""
+        from safetensors.torch import save_file
+        os.makedirs(path, exist_ok=True)
+        d = self.config.to_hf()
+        d["dtype"] = str(self.dtype).replace("torch.", "")
+        d.pop("torch_dtype", None)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(d, f, indent=2)
+        state = {_hf_name(n): p.detach().contiguous() for n, p in self.named_parameters()}
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _weight_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        for fn in files:
+            if not os.path.isfile(os.path.join(path, fn)):
+                raise FileNotFoundError(f"weight shard {fn!r} listed in model.safetensors.index.json is missing "
+                                        f"from {path!r}")
+        return files
+    if os.path.isfile(os.path.join(path, "model.safetensors")):
+        return ["model.safetensors"]
+    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r} "
+                            f"(only safetensors checkpoints are supported, not pytorch_model.bin)")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# tokenizers
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer with ChatML specials: ids 0..255 are the UTF-8 bytes, then the special tokens.
+    Duck-types the part of the HF tokenizer API that crl.py uses, so both kinds are interchangeable there."""
+    SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    FILE = "byte_tokenizer.json"
+
+    def __init__(self):
+        self.special_ids = {s: 256 + i for i, s in enumerate(self.SPECIALS)}
+        self._special_re = re.compile("(" + "|".join(re.escape(s) for s in self.SPECIALS) + ")")
+        self.eos_token, self.pad_token, self.bos_token = "<|im_end|>", "<|endoftext|>", None
+        self.eos_token_id = self.special_ids["<|im_end|>"]
+        self.pad_token_id = self.special_ids["<|endoftext|>"]
+        self.bos_token_id = None
+        self.all_special_ids = list(self.special_ids.values())
+
+    def __len__(self):
+        return 256 + len(self.SPECIALS)
+
+    @property
+    def vocab_size(self):
+        return len(self)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = []
+        for part in self._special_re.split(text):
+            if part in self.special_ids:
+                ids.append(self.special_ids[part])
+            elif part:
+                ids.extend(part.encode("utf-8"))
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        out, buf = [], bytearray()
+        names = {v: k for k, v in self.special_ids.items()}
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 256:
+                buf.append(i)
+                continue
+            if i not in names:
+                raise ValueError(f"token id {i} is outside the byte tokenizer's vocabulary (0..{len(self) - 1})")
+            out.append(buf.decode("utf-8", errors="replace"))
+            buf = bytearray()
+            if not skip_special_tokens:
+                out.append(names[i])
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def apply_chat_template(self, messages, tokenize: bool = False, add_generation_prompt: bool = False, **_):
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        if add_generation_prompt:
+            text += "<|im_start|>assistant\n"
+        return self.encode(text) if tokenize else text
+
+    def convert_tokens_to_ids(self, tokens):
+        """Special-token strings and single-byte characters -> ids (None if unknown, as HF without unk)."""
+        if isinstance(tokens, (list, tuple)):
+            return [self.convert_tokens_to_ids(t) for t in tokens]
+        if tokens in self.special_ids:
+            return self.special_ids[tokens]
+        b = tokens.encode("utf-8")
+        return b[0] if len(b) == 1 else None
+
+    def save_pretrained(self, path):
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, self.FILE), "w") as f:
+            json.dump({"type": "ByteTokenizer", "specials": list(self.SPECIALS)}, f)
+
+
+def load_tokenizer(path):
+    """"tiny" or a directory holding byte_tokenizer.json -> ByteTokenizer; any other directory ->
+    transformers.AutoTokenizer from local files only (with its chat template)."""
+    path = os.fspath(path)
+    if path == "tiny":
+        return ByteTokenizer()
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer path {path!r} is neither 'tiny' nor an existing directory")
+    if os.path.isfile(os.path.join(path, ByteTokenizer.FILE)):
+        return ByteTokenizer()
+    try:
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # transformers' errors are long; keep the cause, say what was expected
+        raise ValueError(f"could not load a tokenizer from {path!r} (expected tokenizer files or "
+                         f"{ByteTokenizer.FILE}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# sampling: the one definition of "the distribution sampled from", shared by generate and token_logprobs
+
+
+def filter_logits(z: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  allow: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits [N, V] -> the logits of the distribution sampled from: constraint mask (`allow` [N, V]
+    bool), then temperature, then top-k (ties with the k-th value kept), then top-p (the smallest set of most
+    likely tokens whose mass reaches top_p). Dropped tokens become -inf. temperature 0 (greedy) applies only
+    the mask: its log-probs are those of the temperature-1 masked distribution. `keep` [N] (token_logprobs'
+    targets) is never dropped by top-k/top-p, so an off-policy token gets a finite log-prob; on-policy
+    tokens are in the kept set anyway, so this changes nothing there."""
+    z = z.float()
+    if allow is not None:
+        z = z.masked_fill(~allow, float("-inf"))
+    if temperature == 0:
+        return z
+    if temperature != 1:
+        z = z / temperature
+    V = z.shape[-1]
+    if (0 < top_k < V) or top_p < 1:
+        with torch.no_grad():
+            drop = torch.zeros_like(z, dtype=torch.bool)
+            if 0 < top_k < V:
+                drop |= z < torch.topk(z, top_k, dim=-1).values[:, -1:]
+            if top_p < 1:
+                p = torch.softmax(z.masked_fill(drop, float("-inf")), dim=-1)
+                sp, si = torch.sort(p, dim=-1, descending=True)
+                before = sp.cumsum(-1) - sp  # mass of the more likely tokens
+                drop |= torch.zeros_like(drop).scatter(-1, si, before >= top_p)
+            if keep is not None:
+                drop[torch.arange(len(keep), device=z.device), keep] = False
+        z = z.masked_fill(drop, float("-inf"))
+    return z
+
+
+def _check_sampling(temperature, top_k, top_p):
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+
+
+def _allow_mask(n: int, V: int, entries: list[tuple[int, list[int]]], device) -> torch.Tensor | None:
+    """[n, V] bool: rows listed in `entries` may only use their ids; the other rows are unrestricted."""
+    if not entries:
+        return None
+    m = torch.ones(n, V, dtype=torch.bool, device=device)
+    r = torch.tensor([i for i, _ in entries], device=device)
+    m[r] = False
+    rr = torch.tensor([i for i, ids in entries for _ in ids], device=device, dtype=torch.long)
+    cc = torch.tensor([t for _, ids in entries for t in ids], device=device, dtype=torch.long)
+    m[rr, cc] = True
+    return m
+
+
+def _draw(z: torch.Tensor, greedy: bool, generator=None):
+    """One token per row from filtered logits z [B, V] -> (tokens [B], their log-probs [B]). Sampling is by
+    inverse CDF: one uniform number per row against the cumulative probabilities, far cheaper on CPU than
+    torch.multinomial or Gumbel noise over the whole vocabulary."""
+    logp = torch.log_softmax(z, dim=-1)
+    if greedy:
+        tok = z.argmax(-1)
+    else:
+        cdf = logp.exp().cumsum(-1)
+        u = torch.rand(z.shape[0], 1, device=z.device, generator=generator) * cdf[:, -1:]
+        tok = torch.searchsorted(cdf, u, right=True)[:, 0]
+        tok = torch.minimum(tok, cdf.argmax(-1))  # rounding at the top end: last token with nonzero mass
+    return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+@dataclass
+class Sample:
+    tokens: list[int]                 # generated ids; the stop token is included when one was sampled
+    logprobs: list[float]             # log-prob of each token under the distribution it was sampled from
+    finish_reason: str                # "stop" | "length"
+    allowed: list                     # per token: the allowed ids if a constraint masked that step, else None
+
+
+_END = -1  # trie key marking "a completion ends here" (token ids are >= 0)
+
+
+@dataclass
+class Constraint:
+    completions: list[list[int]]      # allowed token sequences (canonical tokenisation of each string)
+    free_after: bool = False          # False: the reply is exactly one completion; True: a completion is a head,
+                                      # after which generation continues unconstrained (normal stop rules)
+
+    @classmethod
+    def from_strings(cls, tokenizer, strings, free_after=False, end=True) -> "Constraint":
+        """end=True appends the tokenizer's EOS to each completion (only when free_after is False), so the
+        reply ends with the stop token and a completion that prefixes another ("n" vs "ne") stays reachable."""
+        comps = []
+        for s in strings:
+            ids = list(tokenizer.encode(s, add_special_tokens=False))
+            if end and not free_after:
+                ids.append(tokenizer.eos_token_id)
+            comps.append(ids)
+        return cls(comps, free_after)
+
+    def trie(self) -> dict:
+        """Nested dicts token -> child; key _END marks a complete completion. Reaching a complete completion
+        ends the constraint (free_after) or the reply, even if a longer completion continues it: use end=True
+        when completions prefix each other."""
+        if not self.completions or any(len(c) == 0 for c in self.completions):
+            raise ValueError("Constraint needs at least one completion and no empty completion")
+        root = {}
+        for comp in self.completions:
+            node = root
+            for t in comp:
+                node = node.setdefault(int(t), {})
+            node[_END] = True
+        return root
+
+
+# -----------------------------------------------------------------------------------------------------------
+# KV-cache session and the generator
+
+
+class Session:
+    """A batch of live multi-turn conversations sharing one preallocated KV cache.
+
+    Row r holds one conversation. `lengths[r]` tokens of it have k/v in the cache; `pending[r]` are tokens
+    already part of the conversation whose k/v are not computed yet (the last token sampled in a turn: it
+    is fed, together with the next turn's new tokens, at the next prefill). The cache is allocated once here
+    and written in place; rows not in a call cost nothing."""
+
+    def __init__(self, model: Transformer, max_batch: int, max_len: int):
+        if max_batch < 1 or max_len < 1:
+            raise ValueError(f"Session needs max_batch >= 1 and max_len >= 1, got {max_batch}, {max_len}")
+        model = getattr(model, "module", model)  # a DDP wrapper's model
+        c = model.config
+        self.model, self.max_batch, self.max_len = model, max_batch, max_len
+        shape = (c.num_hidden_layers, max_batch, c.num_key_value_heads, max_len, c.head_dim)
+        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        self.lengths = torch.zeros(max_batch, dtype=torch.long, device=model.device)
+        self.pending: dict[int, list[int]] = {}
+
+    def release(self, rows: list[int]):
+        """Forget these conversations; their rows can be reused."""
+        for r in rows:
+            self._check_row(r)
+            self.lengths[r] = 0
+            self.pending.pop(r, None)
+
+    def length(self, row: int) -> int:
+        """Tokens in the row's history so far (cached + pending)."""
+        self._check_row(row)
+        return int(self.lengths[row]) + len(self.pending.get(row, []))
+
+    def _check_row(self, r):
+        if not 0 <= r < self.max_batch:
+            raise ValueError(f"row {r} out of range for a Session with max_batch={self.max_batch}")
+
+    @torch.no_grad()
+    def prefill(self, rows: list[int], new: list[list[int]]) -> torch.Tensor:
+        """Append `new[i]` (ragged, non-empty) to conversation rows[i] in one batched call; returns the
+        fp32 logits [len(rows), V] after each row's last new token."""
+        dev = self.model.device
+        B, T = len(rows), max(len(x) for x in new)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        for i, x in enumerate(new):
+            ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
+        ids = ids.to(dev)
+        n = torch.tensor([len(x) for x in new], device=dev)
+        rows_t = torch.tensor(rows, device=dev)
+        start = self.lengths[rows_t]
+        positions = start[:, None] + torch.arange(T, device=dev)
+        valid = torch.arange(T, device=dev)[None, :] < n[:, None]
+        wb, wt = valid.nonzero(as_tuple=True)
+        end = start + n
+        L = int(end.max())
+        key = torch.arange(L, device=dev)
+        mask = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None])
+        step = _CacheStep(self.k, self.v, rows_t, positions, decode=False, write_b=wb, write_t=wt,
+                          write_row=rows_t[wb], write_pos=positions[wb, wt], mask=mask[:, None])
+        x = self.model._body(ids, positions, cache=step)
+        last = x[torch.arange(B, device=dev), n - 1]
+        self.lengths[rows_t] = end
+        return self.model.lm_head(self.model.norm(last)).float()
+
+    @torch.no_grad()
+    def decode(self, rows_t: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (rows_t [B] long, tokens [B] long); returns fp32 logits [B, V]."""
+        pos = self.lengths[rows_t]
+        step = _CacheStep(self.k, self.v, rows_t, pos[:, None], decode=True, lengths=pos + 1)
+        x = self.model._body(tokens[:, None], pos[:, None], cache=step)
+        self.lengths[rows_t] = pos + 1
+        return self.model.lm_head(self.model.norm(x[:, 0])).float()
+
+
+def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1.0, top_p=1.0, top_k=0,
+             stop=(), tokenizer=None, seed=None, generator=None, constraint=None, session=None, rows=None
+             ) -> list[Sample]:
+    """Sample a reply for every prompt, all in one batch over a KV cache; see Sample for what comes back.
+
+    Layout: ragged, not left-padded. Each conversation owns a cache row starting at position 0, so its
+    positions are its own token count and the cache holds no padding; the prefill pads the new tokens on the
+    right and masks keys per row, and decoding attends over each row's own length. The same layout serves
+    one-shot prompts (a temporary Session) and live multi-turn sessions (`session`, `rows`: prompts[i] are
+    the new tokens of conversation rows[i]).
+
+    Stops: EOS ids of the model config, ids in `stop`, and strings in `stop` (decoded with `tokenizer`).
+    Stop rules apply while a row is unconstrained; a full-completion constraint ends the row itself.
+    Randomness: `generator` (on the model's device) or `seed`; with neither, torch's global RNG."""
+    _check_sampling(temperature, top_k, top_p)
+    model = getattr(model, "module", model)  # a DDP wrapper's model
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    n = len(prompts)
+    if n == 0:
+        return []
+    stop = [stop] if isinstance(stop, (int, str)) else list(stop)
+    stop_ids = set(model.config.eos_token_ids) | {int(s) for s in stop if not isinstance(s, str)}
+    stop_strs = [s for s in stop if isinstance(s, str)]
+    if stop_strs and tokenizer is None:
+        raise ValueError("stop strings need tokenizer= to decode the generated text")
+    tail = max((len(s.encode("utf-8")) for s in stop_strs), default=0) + 4  # tokens enough to hold a stop string
+    if constraint is not None and len(constraint) != n:
+        raise ValueError(f"constraint must have one entry per prompt ({n}), got {len(constraint)}")
+    tries = {id(c): c.trie() for c in (constraint or []) if c is not None}  # one trie per distinct Constraint
+    nodes = [tries[id(c)] if c is not None else None for c in (constraint or [None] * n)]
+    free_after = [c.free_after if c is not None else False for c in (constraint or [None] * n)]
+    V = model.config.vocab_size
+    for p in prompts:
+        if any(not 0 <= int(t) < V for t in p):
+            raise ValueError(f"prompt token ids must be in [0, {V}); got {[t for t in p if not 0 <= t < V][:3]}")
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+
+    if session is None:
+        if rows is not None:
+            raise ValueError("rows= needs session=")
+        session = Session(model, n, max(len(p) for p in prompts) + max_new_tokens)
+        rows = list(range(n))
+    else:
+        if session.model is not model:
+            raise ValueError("this session belongs to a different model")
+        if rows is None or len(rows) != n or len(set(rows)) != n:
+            raise ValueError(f"with session=, rows must list {n} distinct row indices (one per prompt)")
+    new = []
+    for r, p in zip(rows, prompts):
+        session._check_row(r)
+        x = session.pending.get(r, []) + [int(t) for t in p]
+        if not x:
+            raise ValueError(f"row {r}: nothing to condition on (empty prompt and no history)")
+        need = int(session.lengths[r]) + len(x) + max_new_tokens - 1
+        if need > session.max_len:
+            raise ValueError(f"row {r} needs {need} cache positions but the Session has max_len="
+                             f"{session.max_len}; create it with a larger max_len or release finished rows")
+        new.append(x)
+    for r in rows:
+        session.pending.pop(r, None)
+
+    samples = [Sample([], [], "length", []) for _ in range(n)]
+    active = list(range(n))                           # sample indices still generating, aligned with `logits`
+    logits = session.prefill(rows, new)
+    all_rows = torch.tensor(rows, device=model.device)
+    for step in range(max_new_tokens):
+        entries = [(j, [t for t in nodes[i] if t != _END]) for j, i in enumerate(active) if nodes[i] is not None]
+        allow = _allow_mask(len(active), V, entries, logits.device)
+        z = filter_logits(logits, temperature, top_k, top_p, allow)
+        tok, lp = _draw(z, temperature == 0, generator)
+        lp = lp.tolist()
+        toks = tok.tolist()
+        allowed = dict(entries)
+        keep = []
+        for j, i in enumerate(active):
+            s, t = samples[i], toks[j]
+            s.tokens.append(t)
+            s.logprobs.append(lp[j])
+            s.allowed.append(allowed.get(j))
+            done = False
+            if nodes[i] is not None:
+                nodes[i] = nodes[i][t]
+                if _END in nodes[i]:  # a completion is complete
+                    nodes[i] = None
+                    done = not free_after[i]
+            elif t in stop_ids or (stop_strs and any(x in tokenizer.decode(s.tokens[-tail:]) for x in stop_strs)):
+                done = True
+            if done:
+                s.finish_reason = "stop"
+            elif len(s.tokens) < max_new_tokens:
+                keep.append(j)
+        if not keep:
+            break
+        if len(keep) < len(active):  # finished rows leave the decode batch
+            keep_t = torch.tensor(keep, device=tok.device)
+            tok = tok[keep_t]
+            active = [active[j] for j in keep]
+        logits = session.decode(all_rows[torch.tensor(active, device=model.device)], tok)
+    for r, s in zip(rows, samples):
+        session.pending[r] = [s.tokens[-1]]  # sampled but not yet fed: part of the history, prefilled next call
+    return samples
+
+
+# -----------------------------------------------------------------------------------------------------------
+# training-side log-probs
+
+
+def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, temperature=1.0, top_k=0,
+                   top_p=1.0, allowed: list | None = None, chunk_size=1024) -> torch.Tensor:
+    """fp32 [B, T]: out[b, t] = log p(tokens[b, t] | tokens[b, :t]) where mask[b, t] and t >= 1, else 0;
+    differentiable. `tokens` are right-padded. The distribution is the sampler's (filter_logits): same
+    temperature, top-k, top-p, and `allowed[b][t]` (allowed ids for the token at index t of row b, i.e. a
+    sampled token's Sample.allowed entry at its position in the sequence), so on-policy this reproduces
+    Sample.logprobs. Only the masked positions go through lm_head, `chunk_size` rows at a time under
+    activation checkpointing, so neither forward nor backward holds full-vocabulary logits for the batch."""
+    _check_sampling(temperature, top_k, top_p)
+    core = getattr(model, "module", model)  # a DDP wrapper's model
+    if tokens.dim() != 2 or mask.shape != tokens.shape:
+        raise ValueError(f"tokens and mask must both be [B, T]; got {tuple(tokens.shape)} and {tuple(mask.shape)}")
+    if allowed is not None and len(allowed) != tokens.shape[0]:
+        raise ValueError(f"allowed must have one dict per row ({tokens.shape[0]}), got {len(allowed)}")
+    B, T = tokens.shape
+    m = mask.bool().clone()
+    m[:, 0] = False
+    bi, ti = m.nonzero(as_tuple=True)
+    out = torch.zeros(B, T, dtype=torch.float32, device=tokens.device)
+    if len(bi) == 0:
+        return out + 0 * core.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
+    h = model(tokens, hidden_only=True)[bi, ti - 1]           # [N, hidden]: the state that predicts each target
+    tgt = tokens[bi, ti]
+    where = {}                                            # flat index -> allowed ids
+    if allowed is not None:
+        flat = {(b, t): k for k, (b, t) in enumerate(zip(bi.tolist(), ti.tolist()))}
+        for b, d in enumerate(allowed):
+            for t, ids in (d or {}).items():
+                if (b, int(t)) in flat:
+                    where[flat[(b, int(t))]] = ids
+    V = core.config.vocab_size
+
+    def chunk_lp(hc, tc, allow):
+        z = filter_logits(core.lm_head(hc).float(), temperature, top_k, top_p, allow, keep=tc)
+        return selective_log_softmax(z, tc)
+
+    parts = []
+    for s in range(0, len(tgt), chunk_size):
+        e = min(s + chunk_size, len(tgt))
+        allow = _allow_mask(e - s, V, [(k - s, ids) for k, ids in where.items() if s <= k < e], tokens.device)
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(chunk_lp, h[s:e], tgt[s:e], allow, use_reentrant=False))
+        else:
+            parts.append(chunk_lp(h[s:e], tgt[s:e], allow))
+    return out.index_put((bi, ti), torch.cat(parts))

@@ -1,0 +1,36 @@
+"""Run under torchrun by test_train.py. `train OUT ARGS...`: two training iterations, then each rank dumps
+its models and bank replica. `update OUT OBJECTIVE`: one policy update on fixed episodes split over ranks."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import crl  # noqa: E402
+import train  # noqa: E402
+
+rank = int(os.environ["RANK"])
+if sys.argv[1] == "train":
+    out = sys.argv[2]
+    run = train.main(["--tasks", "room", "--mode", "crl", "--iters", "2", "--out", out, *sys.argv[3:]])
+    bank = run.manager.bank
+    entries = [(e.id, e.task, e.text, e.source, e.uses, e.successes, e.created)
+               for task in bank.tasks() for e in bank.entries(task)]
+    keys = torch.stack([bank.key(e[0]) for e in entries])
+    torch.save({"actor": run.actor.state_dict(), "extractor": run.extractor.state_dict(), "bank": entries,
+                "keys": keys}, os.path.join(out, f"rank{rank}.pt"))
+else:
+    from test_train import fixed_segments  # noqa: E402
+    from types import SimpleNamespace  # noqa: E402
+    from model import Transformer  # noqa: E402
+    dist.init_process_group("gloo")
+    model = Transformer.tiny(seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    segs, advs = fixed_segments(model)
+    mine = list(range(rank, len(segs), dist.get_world_size()))
+    crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), model, opt,
+                      [segs[i] for i in mine], [advs[i] for i in mine], sys.argv[3], 1.0)
+    if rank == 0:
+        torch.save(model.state_dict(), os.path.join(sys.argv[2], "update.pt"))
+    dist.destroy_process_group()

@@ -1,0 +1,613 @@
+"""bank.py: search against numpy brute force, the re-rank on hand-computed cases, edits against a plain dict
+model, save/load (round trip, crash mid-save, corruption), RWLock, a threaded stress run, the manager's
+batching and background jobs, and the MiniLM embedder against sentence-transformers."""
+import json
+import math
+import random
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import bank as B
+from bank import Entry, ExperienceBank, ExperienceManager, Operation, RWLock
+
+
+def unit(rng, n, d):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def plain(dim, **kw):
+    """A bank with the re-rank off: pure cosine top-k."""
+    return ExperienceBank(dim, use_penalty=0.0, recency_penalty=0.0, **kw)
+
+
+def check_consistent(bank):
+    """Internal invariants: every entry has exactly one row in its task's matrix and vice versa."""
+    seen = set()
+    for task, part in bank._parts.items():
+        live_ids = part.ids[:part.n].tolist()
+        assert len(set(live_ids)) == part.n == len(part.row_of) == len(part.order)
+        assert (part.ids[part.n:] == -1).all()
+        for r, eid in enumerate(live_ids):
+            assert part.row_of[eid] == r and bank._entries[eid].task == task
+            assert part.uses[r] == bank._entries[eid].uses
+        seen |= set(live_ids)
+    assert seen == set(bank._entries) and len(seen) == len(bank)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# search
+
+
+@pytest.mark.parametrize("n,scan", [(300, None), (6000, torch.bfloat16), (6000, None)])
+def test_search_equals_numpy_bruteforce(n, scan):
+    rng = np.random.default_rng(0)
+    d = 48
+    keys, queries = unit(rng, n, d), unit(rng, 7, d)
+    bank = plain(d, capacity=n, scan_dtype=scan)
+    ids = [bank.add("room", f"e{i}", torch.from_numpy(keys[i]), source=0) for i in range(n)]
+    for k in (1, 5, 20):  # 20 > candidates (16): k widens the candidate pool
+        got = bank.search("room", torch.from_numpy(queries), k)
+        sims = queries @ keys.T
+        for qi in range(len(queries)):
+            want = np.argsort(-sims[qi], kind="stable")[:k]
+            assert [e.id for e, _ in got[qi]] == [ids[j] for j in want]
+            np.testing.assert_allclose([s for _, s in got[qi]], sims[qi, want], atol=1e-5)
+
+
+def test_search_unknown_task_small_task_and_bad_queries():
+    bank = plain(4)
+    assert bank.search("nope", torch.ones(2, 4), 3) == [[], []]
+    bank.add("a", "x", torch.tensor([1.0, 0, 0, 0]))
+    bank.add("b", "y", torch.tensor([0, 1.0, 0, 0]))
+    (res,) = bank.search("a", torch.tensor([0, 2.0, 0, 0]), 5)  # queries normalised; only task a's entry
+    assert [(e.text, s) for e, s in res] == [("x", 0.0)]
+    with pytest.raises(ValueError, match=r"\[Q, 4\]"):
+        bank.search("a", torch.ones(3), 1)
+    with pytest.raises(ValueError, match="non-zero"):
+        bank.search("a", torch.zeros(4), 1)
+    with pytest.raises(ValueError, match="k must be"):
+        bank.search("a", torch.ones(4), 0)
+
+
+def test_use_penalty_reranks_by_hand():
+    bank = ExperienceBank(2, use_penalty=0.4, recency_penalty=0.0)
+    a = bank.add("t", "A", torch.tensor([1.0, 0.0]))     # cos 1.0 to the query
+    b = bank.add("t", "B", torch.tensor([0.8, 0.6]))     # cos 0.8
+    q = torch.tensor([1.0, 0.0])
+    assert [e.id for e, _ in bank.search("t", q, 2)[0]] == [a, b]
+    bank.record_use([a, a], success=True)   # A: 1 - 0.4*log(3) = 0.561 < 0.8
+    assert bank.get(a).uses == 2 and bank.get(a).successes == 2
+    (res,) = bank.search("t", q, 2)
+    assert [e.id for e, _ in res] == [b, a]
+    assert [s for _, s in res] == pytest.approx([0.8, 1.0])   # reported scores stay cosine
+    bank.record_use([b] * 2, success=False)  # B: 0.8 - 0.4*log(3) < A again
+    assert [e.id for e, _ in bank.search("t", q, 1)[0]] == [a]
+    assert bank.get(b).successes == 0
+
+
+def test_neighbours_are_the_nearest_of_the_same_task():
+    rng = np.random.default_rng(4)
+    keys = unit(rng, 40, 8)
+    bank = plain(8)
+    ids = [bank.add("ab"[i % 2], f"e{i}", torch.from_numpy(keys[i])) for i in range(40)]
+    got = bank.neighbours(ids[6], 4)
+    same = [i for i in range(40) if i % 2 == 0 and i != 6]
+    want = [6] + sorted(same, key=lambda i: -float(keys[i] @ keys[6]))[:3]
+    assert [e.id for e in got] == [ids[i] for i in want]
+    assert bank.neighbours(ids[6], 100)[0].id == ids[6] and len(bank.neighbours(ids[6], 100)) == 20
+    bank.remove([ids[6]])
+    assert bank.neighbours(ids[6], 4) == []
+
+
+def test_recency_penalty_by_hand_and_batch_equals_sequence():
+    def make():
+        bank = ExperienceBank(2, use_penalty=0.0, recency_window=1, recency_penalty=0.5)
+        bank.add("t", "A", torch.tensor([1.0, 0.0]))   # cos 1.0
+        bank.add("t", "B", torch.tensor([0.8, 0.6]))   # cos 0.8
+        return bank
+    q = torch.tensor([1.0, 0.0])
+    bank = make()
+    # A; then A was returned 1 query ago (1 - 0.5 < 0.8) so B; then A is 2 queries old again and B recent
+    seq = [bank.search("t", q, 1)[0][0][0].text for _ in range(4)]
+    assert seq == ["A", "B", "A", "B"]
+    batched = make().search("t", q.expand(4, 2), 1)
+    assert [r[0][0].text for r in batched] == seq
+    # update=False reads the clock without moving it: the A/B alternation goes on as if it never happened
+    bank = make()
+    out = []
+    for i in range(4):
+        peek = bank.search("t", q.expand(3, 2), 1, update=False)
+        assert len({r[0][0].text for r in peek}) == 1     # all see the same state
+        out.append(bank.search("t", q, 1)[0][0][0].text)
+        assert peek[0][0][0].text == out[-1]              # the peek predicted the next real answer
+    assert out == seq
+
+
+# ---------------------------------------------------------------------------------------------------------
+# edits against a plain model
+
+
+def test_random_edits_match_a_plain_dict_model():
+    """add / update / remove / apply with stale ids and FIFO eviction, checked after every step against a
+    dict of id -> (task, text, key) with an insertion-ordered list per task."""
+    rng, pyr = np.random.default_rng(1), random.Random(1)
+    d, cap = 8, 10
+    bank = plain(d, capacity=cap)
+    model, order, gone = {}, {"a": [], "b": []}, []
+    expect_stale = 0
+
+    def model_add(eid, task, text, key):
+        if len(order[task]) >= cap:
+            old = order[task].pop(0)
+            gone.append(old)
+            del model[old]
+        model[eid] = (task, text, key)
+        order[task].append(eid)
+
+    def model_drop(eid):
+        order[model.pop(eid)[0]].remove(eid)
+        gone.append(eid)
+
+    for step in range(400):
+        task = pyr.choice("ab")
+        key = unit(rng, 1, d)[0]
+        r = pyr.random()
+        if r < 0.5:
+            eid = bank.add(task, f"t{step}", torch.from_numpy(key), source=step, step=step)
+            model_add(eid, task, f"t{step}", key)
+        elif r < 0.75:
+            live = pyr.sample(order[task], min(len(order[task]), pyr.randint(0, 3)))
+            stale = pyr.sample(gone, min(len(gone), pyr.randint(0, 2)))
+            other = "b" if task == "a" else "a"
+            foreign = order[other][:1]   # ids of another task are stale for this task's update
+            eid = bank.apply([Operation("update", task, f"m{step}", tuple(live + stale + foreign),
+                                        torch.from_numpy(key), source=step, step=step)])[0]
+            expect_stale += len(stale) + len(foreign)
+            for i in live:
+                model_drop(i)
+            model_add(eid, task, f"m{step}", key)
+        else:
+            ids = pyr.sample(list(model), min(len(model), 2)) + pyr.sample(gone, min(len(gone), 1))
+            expect_stale += sum(i not in model for i in ids)
+            bank.remove(ids)
+            for i in ids:
+                if i in model:
+                    model_drop(i)
+        check_consistent(bank)
+        assert set(bank._entries) == set(model)
+        assert bank.stats["stale_ids"] == expect_stale
+    for task in "ab":
+        assert [e.id for e in bank.entries(task)] == order[task]
+        assert bank.size(task) == len(order[task]) <= cap
+    for eid, (task, text, key) in model.items():
+        e = bank.get(eid)
+        assert (e.task, e.text) == (task, text)
+        torch.testing.assert_close(bank.key(eid), torch.from_numpy(key), atol=1e-6, rtol=0)
+    assert len(set(model)) == len(model) and max(model) < bank._next_id
+    assert bank.stats["evicted"] > 0   # the run did hit the capacity
+
+
+def test_update_merges_and_falls_back_to_add():
+    bank = plain(2)
+    a = bank.add("t", "A", torch.tensor([1.0, 0.0]), source=1)
+    b = bank.add("t", "B", torch.tensor([0.0, 1.0]), source=1)
+    m = bank.update([a, b], "AB", source=7, step=3)   # no key: normalised mean of the replaced keys
+    assert bank.get(a) is None and bank.get(b) is None and len(bank) == 1
+    assert bank.get(m) == Entry(m, "t", "AB", 7, 0, 0, 3)
+    torch.testing.assert_close(bank.key(m), torch.tensor([1.0, 1.0]) / math.sqrt(2))
+    # every target already gone: it becomes an add (with an explicit key), stale ids counted
+    n = bank.apply([Operation("update", "t", "C", (a, b), torch.tensor([0.0, 2.0]))])[0]
+    assert bank.get(n).text == "C" and len(bank) == 2 and bank.stats["stale_ids"] == 2
+    # ... and without a key there is nothing to merge: skipped, not an error
+    assert bank.apply([Operation("update", "t", "D", (a,))]) == [None]
+    assert bank.stats["skipped"] == 1 and len(bank) == 2
+    with pytest.raises(ValueError, match="pass task="):
+        bank.update([a], "E", torch.ones(2))
+
+
+def test_apply_validates_everything_before_applying_anything():
+    bank = plain(3)
+    ops = [Operation("add", "t", "ok", key=torch.ones(3)), Operation("add", "t", "bad", key=torch.ones(4))]
+    with pytest.raises(ValueError, match="dim is 3"):
+        bank.apply(ops)
+    with pytest.raises(ValueError, match="unknown operation kind"):
+        bank.apply([ops[0], Operation("delete", "t", ids=(0,))])
+    with pytest.raises(ValueError, match="key is None|operation key is None"):
+        bank.apply([ops[0], Operation("add", "t", "no key")])
+    assert len(bank) == 0 and bank.stats["added"] == 0
+    assert bank.apply([ops[0], Operation("none", ""), Operation("remove", "t", ids=(0,))]) == [0, None, None]
+    assert len(bank) == 0
+    with pytest.raises(ValueError, match="task"):
+        bank.add("", "x", torch.ones(3))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# persistence
+
+
+def filled_bank(n=60, d=16, seed=0):
+    rng = np.random.default_rng(seed)
+    bank = ExperienceBank(d, capacity=40, recency_window=2)
+    keys = unit(rng, n, d)
+    for i in range(n):
+        bank.add("room" if i % 3 else "maze", f"lesson {i} ünïcode \"q\"\nline2", torch.from_numpy(keys[i]),
+                 source=i // 4, step=i)
+    bank.remove([5, 6])
+    bank.record_use([7, 8, 9, 9], success=True)
+    bank.record_use([10], success=False)
+    return bank
+
+
+def test_save_load_round_trip_is_exact(tmp_path):
+    bank = filled_bank()
+    warm = torch.from_numpy(unit(np.random.default_rng(4), 5, 16))
+    for task in bank.tasks():   # move the recency clock: the re-rank state must survive the round trip
+        bank.search(task, warm, 2)
+    bank.save(tmp_path / "bank")
+    bank.save(tmp_path / "bank")            # a second save replaces the first snapshot
+    assert len(list((tmp_path / "bank").glob("snap-*"))) == 1
+    got = ExperienceBank.load(tmp_path / "bank")
+    assert got.stats == bank.stats and len(got) == len(bank)
+    assert (got.dim, got.capacity, got.candidates, got.use_penalty, got.recency_window, got.recency_penalty) == \
+        (bank.dim, bank.capacity, bank.candidates, bank.use_penalty, bank.recency_window, bank.recency_penalty)
+    for task in bank.tasks():
+        assert got.entries(task) == bank.entries(task)   # same records, same (oldest-first) order
+        for e in bank.entries(task):
+            assert torch.equal(got.key(e.id), bank.key(e.id))
+    q = torch.from_numpy(unit(np.random.default_rng(5), 6, 16))
+    for task in bank.tasks():   # same answers (scores up to float summation order: rows may be permuted)
+        a, b = got.search(task, q, 3), bank.search(task, q, 3)
+        assert [[e.id for e, _ in r] for r in a] == [[e.id for e, _ in r] for r in b]
+        assert [s for r in a for _, s in r] == pytest.approx([s for r in b for _, s in r], abs=1e-6)
+    new = got.add("room", "after load", torch.ones(16))
+    assert new == bank._next_id                        # ids are never reused
+    assert ExperienceBank.load(tmp_path / "bank", capacity=7).size("room") == 7  # overrides apply
+
+
+def test_save_killed_midway_leaves_previous_bank(tmp_path, monkeypatch):
+    import safetensors.torch
+    old = filled_bank(seed=1)
+    old.save(tmp_path / "bank")
+    newer = filled_bank(n=80, seed=2)
+
+    def crash(*a, **k):
+        raise OSError("disk full (simulated)")
+    monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    with pytest.raises(OSError, match="simulated"):
+        newer.save(tmp_path / "bank")
+    monkeypatch.undo()
+    got = ExperienceBank.load(tmp_path / "bank")
+    assert [e.id for e in got.entries("room")] == [e.id for e in old.entries("room")] and len(got) == len(old)
+    newer.save(tmp_path / "bank")                      # the next save succeeds and clears the leftover
+    assert len(ExperienceBank.load(tmp_path / "bank")) == len(newer)
+    assert [p.name for p in (tmp_path / "bank").iterdir() if p.name.startswith("snap")] == ["snap-000001"]
+
+
+def test_corrupt_or_missing_bank_gives_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ExperienceBank.load(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no CURRENT"):
+        ExperienceBank.load(tmp_path / "empty")
+    filled_bank().save(tmp_path / "b")
+    snap = tmp_path / "b" / (tmp_path / "b" / "CURRENT").read_text().strip()
+
+    def corrupted(fname, mutate):
+        path = snap / fname
+        data = path.read_bytes()
+        path.write_bytes(mutate(data))
+        with pytest.raises(ValueError, match="corrupt experience bank"):
+            ExperienceBank.load(tmp_path / "b")
+        path.write_bytes(data)
+    corrupted("keys.safetensors", lambda b: b[:len(b) // 2])                 # truncated
+    corrupted("entries.jsonl", lambda b: b.replace(b"lesson 1", b"lesson X", 1))   # edited
+    corrupted("entries.jsonl", lambda b: b[:-40])
+    corrupted("meta.json", lambda b: b[:10])                                   # not JSON
+    corrupted("meta.json", lambda b: json.dumps({"format": "other"}).encode())
+    assert len(ExperienceBank.load(tmp_path / "b")) == len(filled_bank())    # restored: loads again
+    (tmp_path / "b" / "CURRENT").write_text("snap-999999\n")
+    with pytest.raises(ValueError, match="not a snapshot"):
+        ExperienceBank.load(tmp_path / "b")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# concurrency
+
+
+def test_rwlock_excludes_and_does_not_starve_writers():
+    lock, state, errors = RWLock(), {"readers": 0, "writer": False}, []
+    stop = threading.Event()
+    mu = threading.Lock()
+
+    def reader():
+        while not stop.is_set():
+            with lock.read():
+                with mu:
+                    state["readers"] += 1
+                    if state["writer"]:
+                        errors.append("reader inside with a writer")
+                time.sleep(0.001)
+                with mu:
+                    state["readers"] -= 1
+
+    threads = [threading.Thread(target=reader) for _ in range(6)]
+    for t in threads:
+        t.start()
+    waits = []
+
+    def writer():
+        for _ in range(20):   # readers overlap constantly; a writer still gets in promptly every time
+            t0 = time.perf_counter()
+            with lock.write():
+                waits.append(time.perf_counter() - t0)
+                with mu:
+                    if state["readers"]:
+                        errors.append("writer inside with readers")
+                    state["writer"] = True
+                time.sleep(0.001)
+                with mu:
+                    state["writer"] = False
+    w = threading.Thread(target=writer)
+    w.start()
+    w.join(timeout=10)
+    starved = w.is_alive()
+    stop.set()            # (if the writer was starved, stopping the readers lets it finish)
+    for t in threads + [w]:
+        t.join()
+    assert not starved, "the writer was starved by overlapping readers"
+    assert not errors
+    assert max(waits) < 1.0
+
+
+def test_stress_8_readers_4_writers_keeps_invariants():
+    rng = np.random.default_rng(3)
+    d, tasks = 32, ["room", "maze", "keyroom"]
+    bank = ExperienceBank(d, capacity=10 ** 6, recency_window=4)
+    pool = torch.from_numpy(unit(rng, 512, d))
+    errors, stop = [], threading.Event()
+    created, dropped = [set() for _ in range(4)], [set() for _ in range(4)]
+    n_search = [0] * 8
+
+    def writer(w):
+        pyr = random.Random(w)
+        mine = []
+        try:
+            for step in range(1000):
+                task = pyr.choice(tasks)
+                r = pyr.random()
+                if r < 0.45 or not mine:
+                    i = bank.add(task, f"w{w}s{step}", pool[pyr.randrange(512)], source=w, step=step)
+                    mine.append(i)
+                    created[w].add(i)
+                elif r < 0.65:   # merge two of mine (maybe of different tasks: the foreign one is stale)
+                    targets = pyr.sample(mine, min(2, len(mine)))
+                    t = bank.get(targets[0]).task
+                    (i,) = bank.apply([Operation("update", t, "merged", tuple(targets), pool[step % 512], w, step)])
+                    for x in targets:
+                        if bank.get(x) is None and x not in dropped[w]:
+                            mine.remove(x)
+                            dropped[w].add(x)
+                    mine.append(i)
+                    created[w].add(i)
+                elif r < 0.85:
+                    x = mine.pop(pyr.randrange(len(mine)))
+                    bank.remove([x, x, 10 ** 9])          # duplicate and never-existing ids are harmless
+                    dropped[w].add(x)
+                else:
+                    bank.record_use(pyr.sample(mine, min(3, len(mine))), success=pyr.random() < 0.5)
+        except Exception as e:
+            errors.append(repr(e))
+
+    def reader(r):
+        pyr = random.Random(100 + r)
+        try:
+            while not stop.is_set():
+                task = pyr.choice(tasks)
+                k = pyr.randint(1, 4)
+                res = bank.search(task, pool[pyr.sample(range(512), 4)], k)
+                for row in res:
+                    assert len(row) <= k and len({e.id for e, _ in row}) == len(row)
+                    assert all(e.task == task and -1.0001 <= s <= 1.0001 for e, s in row)
+                n_search[r] += 1
+        except Exception as e:
+            errors.append(repr(e))
+
+    readers = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    writers = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    t0 = time.time()
+    for t in readers + writers:
+        t.start()
+    for t in writers:
+        t.join(timeout=60)
+    stop.set()
+    for t in readers:
+        t.join(timeout=60)
+    assert time.time() - t0 < 20
+    assert not errors, errors[:3]
+    check_consistent(bank)
+    live = set().union(*created) - set().union(*dropped)
+    assert set(bank._entries) == live                 # every added entry present unless removed/replaced
+    assert sum(n_search) > 100
+
+
+# ---------------------------------------------------------------------------------------------------------
+# manager
+
+
+class HashEmbedder:
+    """A deterministic stand-in for the embedder: each text maps to a fixed random unit vector."""
+    dim = 16
+
+    def __init__(self):
+        self.calls = []
+        self.mu = threading.Lock()
+
+    def __call__(self, texts):
+        with self.mu:
+            self.calls.append(len(texts))
+        out = [np.random.default_rng(zlib.crc32(t.encode())).standard_normal(self.dim) for t in texts]
+        return torch.nn.functional.normalize(torch.tensor(np.array(out), dtype=torch.float32), dim=-1)
+
+
+def test_batched_search_returns_each_caller_its_own_answer():
+    emb = HashEmbedder()
+    bank = plain(emb.dim)
+    for i in range(200):
+        bank.add("room" if i % 2 else "maze", f"e{i}", emb([f"doc {i}"])[0])
+    n_callers = 24
+    want = {}
+    for c in range(n_callers):
+        task, texts, k = ("room", "maze")[c % 2], [f"query {c}", f"query {c}b"][: 1 + c % 2], 1 + c % 3
+        want[c] = (task, texts, k, [[(e.id, s) for e, s in r] for r in bank.search(task, emb(texts), k)])
+    emb.calls.clear()
+    got, barrier = {}, threading.Barrier(n_callers)
+    with ExperienceManager(bank, emb, max_batch=32, max_wait_ms=200, search_workers=2) as mgr:
+        def caller(c):
+            task, texts, k, _ = want[c]
+            barrier.wait()
+            got[c] = [[(e.id, s) for e, s in r] for r in mgr.search(task, texts, k)]
+        threads = [threading.Thread(target=caller, args=(c,)) for c in range(n_callers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(got) == list(range(n_callers))
+    for c, (_, _, _, ref) in want.items():   # ids exact; scores up to the batch's float summation order
+        assert [[i for i, _ in r] for r in got[c]] == [[i for i, _ in r] for r in ref]
+        assert [s for r in got[c] for _, s in r] == pytest.approx([s for r in ref for _, s in r], abs=1e-6)
+    assert sum(emb.calls) == sum(len(w[1]) for w in want.values())
+    assert len(emb.calls) < n_callers / 2             # queries were pooled into few embedding calls
+    assert max(emb.calls) <= 32 + 1
+
+
+def test_background_jobs_apply_in_order_and_errors_surface():
+    emb = HashEmbedder()
+    mgr = ExperienceManager(plain(emb.dim), emb, max_wait_ms=1)
+
+    def distil(i):
+        time.sleep(0.002)
+        return [Operation("add", "room", f"lesson {i}", key=emb([f"ep {i}"])[0], source=i, step=i)]
+
+    for i in range(20):
+        mgr.submit(distil, i)
+    mgr.flush()
+    assert [e.text for e in mgr.bank.entries("room")] == [f"lesson {i}" for i in range(20)]
+    (res,) = mgr.search("room", ["ep 3"], 1)
+    assert res[0][0].text == "lesson 3" and res[0][1] == pytest.approx(1.0)
+
+    def broken():
+        raise RuntimeError("extractor crashed")
+    mgr.submit(broken)
+    mgr.submit(distil, 99)                          # the thread survives a failed job
+    with pytest.raises(RuntimeError, match="extractor crashed"):
+        mgr.flush()
+    mgr.flush()                                     # reported once
+    assert mgr.bank.entries("room")[-1].text == "lesson 99"
+    mgr.submit(lambda: "not ops")
+    with pytest.raises(ValueError, match="list of Operations"):
+        mgr.close()                                  # close() does not swallow it either
+    with pytest.raises(RuntimeError, match="closed"):
+        mgr.search("room", ["x"], 1)
+
+
+def test_sync_mode_is_inline_and_deterministic():
+    emb = HashEmbedder()
+    results = []
+    for _ in range(2):
+        mgr = ExperienceManager(ExperienceBank(emb.dim, recency_window=2), emb, sync=True)
+        assert mgr._threads == []
+        out = []
+        for i in range(30):
+            mgr.submit(lambda i=i: [Operation("add", "t", f"l{i}", key=mgr.embed([f"s{i % 7}"])[0])])
+            ids = [e.id for e, _ in mgr.search("t", [f"s{i % 5}"], 2)[0]]
+            mgr.record_use(ids, success=i % 2 == 0)
+            out.append(ids)
+        mgr.flush()
+        mgr.close()
+        results.append(out)
+    assert results[0] == results[1]
+    def boom():
+        raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):   # sync mode: a job's error surfaces at once
+        ExperienceManager(plain(16), HashEmbedder(), sync=True).submit(boom)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# embedder
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return B.Embedder(batch_size=3)
+
+
+def test_minilm_matches_sentence_transformers(minilm):
+    st = pytest.importorskip("sentence_transformers")
+    path = str(B.default_embedder_path())
+    texts = ["You are in a 5x5 room. Reach the stairs down '>'.",
+             "A key lies to the north; the door to the east is locked.",
+             "a", "Boulders block the river crossing. " * 80,      # > 256 tokens: truncated like the reference
+             "Ünïcödé text, with punctuation!?", "push the box onto the target"]
+    ref = st.SentenceTransformer(path, device="cpu").encode(texts, normalize_embeddings=True,
+                                                             convert_to_numpy=True)
+    ours = minilm(texts)
+    assert ours.shape == (len(texts), 384) and ours.dtype == torch.float32 and minilm.dim == 384
+    np.testing.assert_allclose(ours.numpy(), ref, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ours.norm(dim=1), torch.ones(len(texts)))
+    assert minilm([]).shape == (0, 384)
+
+
+def test_minilm_similar_sentences_outscore_unrelated(minilm):
+    v = minilm(["Pick up the key, then open the locked door.",
+                "Grab the key and use it to unlock the door.",
+                "The stock market fell sharply on Tuesday."])
+    assert float(v[0] @ v[1]) > float(v[0] @ v[2]) + 0.3
+
+
+def test_embedder_bad_input(tmp_path, minilm):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        B.Embedder(str(tmp_path))
+    with pytest.raises(ValueError, match="list of strings"):
+        minilm("just one string")
+    with pytest.raises(ValueError, match="embedder dim"):
+        ExperienceManager(ExperienceBank(8), minilm, sync=True)
+
+
+def test_decoder_embedder_pools_the_last_token_like_transformers(tmp_path):
+    model = pytest.importorskip("model")
+    transformers = pytest.importorskip("transformers")
+    net = model.Transformer.tiny(seed=3)
+    net.save_pretrained(tmp_path)
+    tok = model.ByteTokenizer()
+    tok.save_pretrained(tmp_path)
+    texts = ["go north", "the key opens the door to the east", "x", "push the boulder into the water"]
+    emb = B.Embedder(str(tmp_path), batch_size=3)    # batches of mixed lengths, right-padded
+    assert emb.kind == "decoder" and emb.dim == net.config.hidden_size
+    ours = emb(texts)
+    ref_model = transformers.AutoModel.from_pretrained(str(tmp_path)).eval()
+    with torch.no_grad():
+        ref = torch.stack([ref_model(torch.tensor([tok.encode(t)])).last_hidden_state[0, -1] for t in texts])
+    torch.testing.assert_close(ours, torch.nn.functional.normalize(ref, dim=-1), atol=1e-5, rtol=1e-4)
+
+
+def test_manager_with_minilm_finds_the_lesson_of_a_similar_episode(minilm):
+    """End to end: lessons keyed by the first observation of the episode they came from; a new episode
+    whose observation resembles one of them retrieves that lesson."""
+    with ExperienceManager(ExperienceBank(minilm.dim), minilm) as mgr:
+        episodes = {"A locked door blocks the corridor; a key lies on the floor.": "pick up the key first",
+                    "Boulders sit next to a wide river of water.": "push a boulder into the water",
+                    "A maze of narrow corridors with many dead ends.": "follow one wall"}
+
+        def distil(obs, lesson):
+            return [Operation("add", "mix", lesson, key=mgr.embed([obs])[0], source=1)]
+        for obs, lesson in episodes.items():
+            mgr.submit(distil, obs, lesson)
+        mgr.flush()
+        (hits,) = mgr.search("mix", ["You see a key on the ground and a locked door ahead."], 1)
+        assert hits[0][0].text == "pick up the key first"

@@ -1,0 +1,396 @@
+"""Tests for envs.py against the real engines: MiniHack/NLE (positions from blstats of a raw env driven in
+lockstep), hand-built Sokoban boards with hand-worked outcomes plus an independent BFS, and the real
+ALFWorld games replayed from their shipped walkthroughs."""
+import io
+import json
+import random
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import envs
+
+ROOT = Path(__file__).resolve().parent.parent
+MINIHACK_TASKS = ["room", "maze", "keyroom", "river"]
+
+
+# ------------------------------------------------------------------------------------------ shared parts
+
+def test_make_unknown_task_lists_valid_names():
+    with pytest.raises(ValueError) as e:
+        envs.make("nethack-full")
+    for name in ("room", "maze", "keyroom", "river", "sokoban", "alfworld"):
+        assert name in str(e.value)
+
+
+def test_parse_action_formats():
+    acts = ("north", "south", "pickup")
+    assert envs.parse_action("north", acts) == "north"
+    assert envs.parse_action("  NORTH \n", acts) == "north"
+    assert envs.parse_action("<answer>South</answer>", acts) == "south"
+    assert envs.parse_action("I think north. <answer> pickup </answer>", acts) == "pickup"
+    assert envs.parse_action("<answer>north</answer> then <answer>south</answer>", acts) == "south"
+    assert envs.parse_action("go north", acts) is None
+    assert envs.parse_action("<answer>up</answer>", acts) is None
+    assert envs.parse_action("", acts) is None
+
+
+# --------------------------------------------------------------------------------------------- MiniHack
+
+def _raw_env(task):
+    """The engine built directly with gymnasium (not through envs.py), same level and crop size."""
+    import gymnasium as gym
+    import minihack  # noqa: F401
+    spec = envs.MINIHACK[task]
+    return gym.make(spec.env_id, observation_keys=("chars_crop", "blstats", "message"),
+                    obs_crop_h=spec.crop, obs_crop_w=spec.crop, fix_moon_phase=True).unwrapped
+
+
+def _raw_action(env, name):
+    from nle import nethack
+    cmd = {"north": nethack.CompassDirection.N, "south": nethack.CompassDirection.S,
+           "east": nethack.CompassDirection.E, "west": nethack.CompassDirection.W,
+           "northeast": nethack.CompassDirection.NE, "northwest": nethack.CompassDirection.NW,
+           "southeast": nethack.CompassDirection.SE, "southwest": nethack.CompassDirection.SW,
+           "pickup": nethack.Command.PICKUP, "apply": nethack.Command.APPLY}[name]
+    return env.actions.index(cmd)
+
+
+def _crop_rows(raw):
+    rows = ["".join(chr(c) if c else " " for c in row) for row in raw["chars_crop"]]
+    keep = [r for r in range(len(rows)) if rows[r].strip()]
+    cols = [c for c in range(len(rows[0])) if any(row[c] != " " for row in rows)]
+    return [rows[r][cols[0]:cols[-1] + 1].rstrip() for r in range(keep[0], keep[-1] + 1)]
+
+
+@pytest.fixture(scope="module")
+def mh():
+    """One wrapper and one raw env per task, reused (as the wrapper itself reuses its engine)."""
+    return {t: (envs.make(t), _raw_env(t)) for t in MINIHACK_TASKS}
+
+
+@pytest.mark.parametrize("task", MINIHACK_TASKS)
+def test_minihack_moves_like_raw_env(mh, task):
+    """Same seed, same actions: the agent's position (blstats) and the cropped map match the raw engine
+    at every step; invalid replies in between leave the game where it was."""
+    env, raw = mh[task]
+    rng = random.Random(task)
+    for seed in (3, 11):
+        obs = env.reset(seed)
+        raw.seed(seed, seed, reseed=False)
+        robs, _ = raw.reset()
+        assert obs.split("\n")[:len(_crop_rows(robs))] == _crop_rows(robs)
+        for t in range(25):
+            if t % 7 == 3:
+                obs, reward, done, info = env.step("do a little dance")
+                assert info["invalid"] and reward == 0 and not done
+                assert info["pos"] == tuple(int(v) for v in robs["blstats"][:2])
+                assert "not understood" in obs and "north" in obs
+                continue
+            name = rng.choice(env.actions)
+            obs, reward, done, info = env.step(f"<answer>{name}</answer>" if t % 2 else name.upper())
+            robs, rreward, term, trunc, rinfo = raw.step(_raw_action(raw, name))
+            assert not info["invalid"]
+            assert info["pos"] == tuple(int(v) for v in robs["blstats"][:2])
+            assert info["success"] == (rinfo["end_status"] == raw.StepStatus.TASK_SUCCESSFUL)
+            if term or trunc:
+                assert done
+                break
+            assert obs.split("\n")[:len(_crop_rows(robs))] == _crop_rows(robs)
+            if done:
+                break
+
+
+@pytest.mark.parametrize("task", MINIHACK_TASKS)
+def test_minihack_observation_text(mh, task):
+    """The agent is drawn, every symbol in the map is in the legend, and things that are neither floor
+    nor wall are located relative to the agent exactly where the raw crop has them."""
+    env, raw = mh[task]
+    saw_thing = False
+    for seed in range(8):
+        obs = env.reset(seed)
+        raw.seed(seed, seed, reseed=False)
+        robs, _ = raw.reset()
+        lines = obs.split("\n")
+        k = next(i for i, line in enumerate(lines) if line.startswith("legend: "))
+        assert "@" in "".join(lines[:k]) and "@=you" in lines[k]
+        assert "Hello Agent" not in obs
+        legend_syms = {entry.split("=")[0] for entry in lines[k][len("legend: "):].split(", ")}
+        assert set("".join(lines[:k])) - {" "} <= legend_syms
+        raw_chars = robs["chars_crop"]
+        mid = raw_chars.shape[0] // 2
+        for sym, word in ((">", "stairs down"), ("(", "key"), ("`", "boulder"), ("}", "water")):
+            where = np.argwhere(raw_chars == ord(sym))
+            if len(where) == 0:
+                continue
+            saw_thing = True
+            line = next(line for line in lines if line.startswith(f"{word} ({sym}): "))
+            r, c = min(where.tolist(), key=lambda rc: (max(abs(rc[0] - mid), abs(rc[1] - mid)),
+                                                      abs(rc[0] - mid) + abs(rc[1] - mid)))
+            dx, dy = c - mid, r - mid
+            expect = ", ".join(p for p in (
+                f"{abs(dx)} {'east' if dx > 0 else 'west'}" if dx else "",
+                f"{abs(dy)} {'south' if dy > 0 else 'north'}" if dy else "") if p)
+            assert line.split(": ")[1].split("; ")[0] == expect
+        assert len(obs) < (350 if task == "river" else 250), obs
+    assert saw_thing or task == "room"
+
+
+@pytest.mark.parametrize("task", ["room", "maze", "keyroom"])
+def test_minihack_scripted_agent_reaches_goal(mh, task):
+    """The text interface is enough to win: a BFS agent reading only the observations reaches the stairs
+    (keyroom: fetches the key, unlocks the door with apply). Success gives reward 1 and ends the episode."""
+    env, _ = mh[task]
+    wins = 0
+    for seed in range(6):
+        obs = env.reset(seed)
+        agent, info, done = envs.MapAgent(), {"pos": env.pos}, False
+        while not done:
+            obs, reward, done, info = env.step(agent.act(obs, info))
+            assert reward == (1.0 if info["success"] else 0.0)
+        wins += info["success"]
+        assert ("task complete" in obs) == info["success"]
+        if task == "keyroom" and info["success"]:
+            assert info["steps"] >= 4  # walked, picked up, applied, walked on
+    assert wins >= (5 if task != "room" else 4)
+
+
+def test_minihack_step_limit_and_done(mh):
+    env, _ = mh["room"]
+    env.reset(5)
+    for t in range(1, env.max_steps + 1):
+        obs, reward, done, info = env.step("wait")
+        assert info["steps"] == t and info["invalid"] and reward == 0
+        assert done == (t == env.max_steps)
+    assert not info["success"]
+    with pytest.raises(ValueError, match="reset"):
+        env.step("north")
+
+
+@pytest.mark.parametrize("task", ["room", "river"])
+def test_minihack_seeded_determinism(task):
+    def episode(env, seed):
+        out = [env.reset(seed)]
+        rng = random.Random(0)
+        for _ in range(15):
+            obs, r, done, info = env.step(rng.choice(env.actions))
+            out.append(obs)
+            if done:
+                break
+        return out
+    a, b = envs.make(task), envs.make(task)
+    assert episode(a, 7) == episode(b, 7)
+    assert episode(a, 7) == episode(a, 7)  # reusing the engine across resets changes nothing
+    assert len({envs.make(task).reset(s) for s in range(6)}) > 1
+    # make(seed=) seeds the generator of episode seeds: fresh envs built with the same seed agree
+    assert envs.make(task, seed=4).reset() == envs.make(task, seed=4).reset()
+
+
+def test_minihack_quiet_and_writes_no_files(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    env = envs.make("keyroom")
+    env.reset(1)
+    for a in ("north", "pickup", "apply", "bogus", "east"):
+        env.step(a)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_play_in_process():
+    """`play` prints what the actor sees and ends the episode when input ends or the game is over."""
+    out = io.StringIO()
+    envs.play("room", seed=2, inp=io.StringIO("east\nwest\n"), out=out)
+    text = out.getvalue()
+    assert "TASK room" in text and "legend: @=you" in text and "[actions: north" in text
+
+
+# ---------------------------------------------------------------------------------------------- Sokoban
+
+BOARD = """
+######
+#@.o.#
+#.B..#
+#.oB.#
+#....#
+######
+"""
+
+
+def test_sokoban_board_roundtrip_and_legend():
+    env = envs.Sokoban.from_text(BOARD)
+    obs = env.render()
+    assert obs.split("\n")[:6] == BOARD.strip().split("\n")
+    assert "legend: @=you, #=wall, .=floor, o=target, B=box" in obs
+    assert "box (B): 1 right, 1 down; 2 right, 2 down" in obs
+    assert "target (o): 2 right; 1 right, 2 down" in obs
+
+
+def test_sokoban_moves_pushes_and_walls():
+    env = envs.Sokoban.from_text(BOARD)
+    obs, r, done, info = env.step("up")  # wall
+    assert env.player == (1, 1) and "blocked" in obs and info["steps"] == 1 and not info["invalid"]
+    env.step("right")  # (1,2)
+    obs, r, done, info = env.step("down")  # pushes the box at (2,2) to (3,2), a target
+    assert env.player == (2, 2) and env.boxes[3, 2] and not env.boxes[2, 2]
+    assert env.grid()[3] == "#.XB.#" and r == 0 and not done
+    obs, r, done, info = env.step("down")  # box at (3,2) would go to (4,2): free, so it moves off the target
+    assert env.player == (3, 2) and env.boxes[4, 2]
+    obs, r, done, info = env.step("down")  # box at (4,2) against the outer wall: blocked
+    assert env.player == (3, 2) and env.boxes[4, 2] and "blocked" in obs
+    # box into box: player left of two boxes in a row
+    env2 = envs.Sokoban.from_text("######\n#@BBo#\n#...o#\n######")
+    env2.step("right")
+    assert env2.player == (1, 1) and env2.boxes[1, 2] and env2.boxes[1, 3]
+
+
+def test_sokoban_success_reward_and_limit():
+    env = envs.Sokoban.from_text("#####\n#@Bo#\n#.Bo#\n#...#\n#####")
+    obs, r, done, info = env.step("right")
+    assert r == 0 and not done and env.grid()[1] == "#.@X#"
+    env.step("down")  # to (2,2)? no: (2,2) has a box -> pushes it down to (3,2)
+    assert env.boxes[3, 2]
+    env = envs.Sokoban.from_text("#####\n#@Bo#\n#.Bo#\n#...#\n#####")
+    for a in ("right", "left", "down", "right"):
+        obs, r, done, info = env.step(a)
+    assert r == 1.0 and done and info["success"]
+    env = envs.Sokoban.from_text("#####\n#@Bo#\n#####", max_steps=3)
+    for t in range(3):
+        obs, r, done, info = env.step("nope" if t else "left")
+    assert done and r == 0 and info["invalid"] and not info["success"]
+
+
+def test_solve_sokoban_hand_worked():
+    env = envs.Sokoban.from_text("#####\n#@Bo#\n#.Bo#\n#...#\n#####")
+    sol = envs.solve_sokoban(env.walls, env.targets, env.boxes, env.player)
+    assert len(sol) == 4  # right, left, down, right (hand-worked: nothing shorter exists)
+    env = envs.Sokoban.from_text("#####\n#@Bo#\n#####")
+    assert envs.solve_sokoban(env.walls, env.targets, env.boxes, env.player) == ["right"]
+    env = envs.Sokoban.from_text("#####\n#B.o#\n#@..#\n#####")  # box in a corner: unsolvable
+    assert envs.solve_sokoban(env.walls, env.targets, env.boxes, env.player) is None
+
+
+def _independent_bfs(rows):
+    """A separate, plain BFS over (player, boxes) written for the test, reading the text board."""
+    walls = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch == "#"}
+    targets = frozenset((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "oX+")
+    boxes = frozenset((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "BX")
+    player = next((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "@+")
+    moves = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+    start = (player, boxes)
+    paths = {start: []}
+    queue = deque([start])
+    while queue:
+        (p, bx) = state = queue.popleft()
+        if bx == targets:
+            return paths[state]
+        for a, (dr, dc) in moves.items():
+            q = (p[0] + dr, p[1] + dc)
+            if q in walls:
+                continue
+            if q in bx:
+                q2 = (q[0] + dr, q[1] + dc)
+                if q2 in walls or q2 in bx:
+                    continue
+                bx2 = (bx - {q}) | {q2}
+            else:
+                bx2 = bx
+            if (q, bx2) not in paths:
+                paths[(q, bx2)] = paths[state] + [a]
+                queue.append((q, bx2))
+    return None
+
+
+def test_sokoban_generated_rooms_are_solvable():
+    env = envs.make("sokoban")
+    for seed in range(40):
+        obs = env.reset(seed)
+        rows = obs.split("\n")[:6]
+        assert len(rows) == 6 and all(len(r) == 6 for r in rows)
+        assert rows[0] == rows[-1] == "######" and all(r[0] == r[-1] == "#" for r in rows)
+        text = "".join(rows)
+        assert text.count("B") == 2 and text.count("o") + text.count("+") == 2 and "X" not in text
+        sol = _independent_bfs(rows)
+        assert sol is not None and len(sol) <= env.max_steps
+        for i, a in enumerate(sol):
+            obs, r, done, info = env.step(f"<answer>{a}</answer>")
+            assert done == (i == len(sol) - 1)
+        assert r == 1.0 and info["success"]
+
+
+def test_sokoban_determinism():
+    a, b = envs.make("sokoban"), envs.make("sokoban")
+    assert a.reset(123) == b.reset(123)
+    assert a.step("up") == b.step("up")
+    assert len({a.reset(s) for s in range(10)}) > 5
+    assert envs.make("sokoban", seed=9).reset() == envs.make("sokoban", seed=9).reset()
+
+
+def test_play_cli_sokoban():
+    """`python envs.py play` takes actions from stdin, one a line."""
+    env = envs.make("sokoban")
+    obs = env.reset(4)
+    sol = _independent_bfs(obs.split("\n")[:6])
+    res = subprocess.run([sys.executable, str(ROOT / "envs.py"), "play", "sokoban", "--seed", "4"],
+                         input="\n".join(["sideways"] + sol) + "\n", capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "Action not understood: 'sideways'" in res.stdout
+    assert "success=True return=1" in res.stdout
+
+
+# --------------------------------------------------------------------------------------------- ALFWorld
+
+@pytest.fixture(scope="module")
+def alfworld_env():
+    pytest.importorskip("alfworld")
+    pytest.importorskip("textworld")
+    try:
+        envs.alfworld_data_dir("valid_unseen")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return envs.make("alfworld", split="valid_unseen")
+
+
+def test_alfworld_valid_unseen_has_134_games(alfworld_env):
+    assert len(envs.alfworld_games("valid_unseen")) == 134
+
+
+@pytest.mark.parametrize("seed", [0, 57, 101])
+def test_alfworld_walkthrough_succeeds(alfworld_env, seed):
+    env = alfworld_env
+    obs = env.reset(seed)
+    assert "Your task is to: " in obs and "Admissible actions: " in obs
+    walk = json.loads(env.game_file.read_text())["walkthrough"]
+    obs, r, done, info = env.step("teleport to the moon")
+    assert info["invalid"] and not done and r == 0 and "not understood" in obs
+    for i, a in enumerate(walk):
+        assert a in env.actions  # the observation's admissible list holds the expert's next action
+        obs, r, done, info = env.step(f"<answer>{a}</answer>")
+        assert not info["invalid"]
+        assert done == (i == len(walk) - 1)
+    assert r == 1.0 and info["success"] and info["steps"] == len(walk) + 1
+
+
+def test_alfworld_timeout_gives_minus_one(alfworld_env):
+    env = alfworld_env
+    env.reset(3)
+    rewards = []
+    for _ in range(env.max_steps):
+        obs, r, done, info = env.step("look")
+        rewards.append(r)
+    assert done and not info["success"]
+    assert rewards[:-1] == [0.0] * (env.max_steps - 1) and rewards[-1] == -1.0
+
+
+def test_alfworld_missing_data_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "none"))
+    monkeypatch.setenv("CRL_ALFWORLD_TAR", str(tmp_path / "missing.tar.xz"))
+    with pytest.raises(FileNotFoundError, match="ALFWORLD_DATA"):
+        envs.alfworld_data_dir("train")
+    with pytest.raises(ValueError, match="valid_unseen"):
+        envs.alfworld_data_dir("test")

@@ -1,0 +1,280 @@
+"""The batched KV-cache generator, multi-turn sessions, constraints and the training-side log-probs, checked
+against transformers' greedy generate, the no-cache forward, and hand-computed truncated distributions."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.utils import logging as hf_logging
+
+from model import ByteTokenizer, Constraint, Session, Transformer, generate, token_logprobs
+
+hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()
+G = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny random Qwen3 in transformers and the same weights in ours. Init std 0.3 makes the next-token
+    distributions peaky, so top-k/top-p really truncate and greedy has clear winners."""
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=89, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                      max_position_embeddings=512, eos_token_id=None, pad_token_id=0, initializer_range=0.3)
+    hf = Qwen3ForCausalLM(cfg).eval()
+    d = tmp_path_factory.mktemp("qwen3")
+    hf.save_pretrained(d)
+    return hf, Transformer.from_pretrained(d)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The byte-tokenizer preset, made peakier (std 0.3) so sampled text is not uniform noise."""
+    return Transformer.tiny(seed=1).init_weights(seed=1, std=0.3)
+
+
+def _prompts(n, lo, hi, V, seed):
+    g = G(seed)
+    return [torch.randint(1, V, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def _hf_greedy(hf, prompt, n, eos=None):
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_ragged_batch_equals_transformers(pair):
+    hf, ours = pair
+    prompts = _prompts(5, 1, 30, 89, seed=1)
+    refs = [_hf_greedy(hf, p, 12) for p in prompts]
+    out = generate(ours, prompts, 12, temperature=0)
+    assert [s.tokens for s in out] == refs
+    assert all(s.finish_reason == "length" for s in out)
+    # with a stop id taken from the middle of one reference: HF stops there too, token for token
+    eos = refs[0][5]
+    refs = [_hf_greedy(hf, p, 12, eos=eos) for p in prompts]
+    out = generate(ours, prompts, 12, temperature=0, stop=[eos])
+    assert [s.tokens for s in out] == [r[:r.index(eos) + 1] if eos in r else r for r in refs]
+    assert out[0].finish_reason == "stop" and out[0].tokens[-1] == eos
+
+
+def test_cached_decoding_equals_no_cache_forward(pair):
+    _, ours = pair
+    prompts = _prompts(4, 3, 40, 89, seed=2)
+    out = generate(ours, prompts, 10, temperature=1.0, seed=0)
+    for p, s in zip(prompts, out):
+        seq = torch.tensor([p + s.tokens])
+        with torch.no_grad():
+            logp = torch.log_softmax(ours(seq)[0].float(), -1)
+        ref = logp[len(p) - 1:-1].gather(-1, torch.tensor(s.tokens)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4)
+
+
+def test_session_prefill_matches_forward_on_full_history(pair):
+    _, ours = pair
+    s = Session(ours, max_batch=3, max_len=64)
+    hist = {0: [5, 6, 7], 2: [9] * 11}
+    s.prefill([0, 2], [hist[0], hist[2]])
+    more = {0: [1, 2, 3, 4, 5, 6], 2: [8]}
+    logits = s.prefill([2, 0], [more[2], more[0]])
+    for i, r in enumerate([2, 0]):
+        with torch.no_grad():
+            ref = ours(torch.tensor([hist[r] + more[r]]))[0, -1]
+        assert (logits[i] - ref).abs().max() < 1e-4
+    assert s.length(0) == 9 and s.length(2) == 12 and s.length(1) == 0
+
+
+def test_session_turns_equal_one_shot_on_concatenated_history(pair):
+    _, ours = pair
+    sess = Session(ours, max_batch=4, max_len=200)
+    rows = [3, 0, 1]
+    first = _prompts(3, 2, 20, 89, seed=3)
+    history = {r: list(p) for r, p in zip(rows, first)}
+    new = dict(zip(rows, first))
+    for turn in range(4):
+        live = rows if turn % 2 == 0 else rows[:2]  # row 1 sits out odd turns: it costs nothing, keeps state
+        out = generate(ours, [new[r] for r in live], 6, temperature=0, session=sess, rows=live)
+        for r, s in zip(live, out):
+            one = generate(ours, [history[r]], 6, temperature=0)[0]
+            assert s.tokens == one.tokens
+            assert np.allclose(s.logprobs, one.logprobs, atol=1e-4)
+            history[r] += s.tokens
+            assert sess.length(r) == len(history[r])
+        obs = _prompts(3, 1, 9, 89, seed=10 + turn)
+        for r, o in zip(live, obs):
+            new[r] = o
+            history[r] += o
+    sess.release([0])
+    assert sess.length(0) == 0
+    out = generate(ours, [[4, 5, 6]], 5, temperature=0, session=sess, rows=[0])
+    assert out[0].tokens == generate(ours, [[4, 5, 6]], 5, temperature=0)[0].tokens
+
+
+def test_session_errors(pair):
+    _, ours = pair
+    sess = Session(ours, max_batch=2, max_len=20)
+    with pytest.raises(ValueError, match="max_len=20"):
+        generate(ours, [[1] * 15], 10, session=sess, rows=[0])
+    with pytest.raises(ValueError, match="row 5 out of range"):
+        generate(ours, [[1]], 2, session=sess, rows=[5])
+    with pytest.raises(ValueError, match="empty prompt and no history"):
+        generate(ours, [[]], 2, session=sess, rows=[1])
+    with pytest.raises(ValueError, match="stop strings need tokenizer"):
+        generate(ours, [[1]], 2, stop=["x"])
+    with pytest.raises(ValueError, match="top_p must be in"):
+        generate(ours, [[1]], 2, top_p=0)
+
+
+def test_finished_rows_leave_the_decode_batch(pair, monkeypatch):
+    _, ours = pair
+    prompts = _prompts(4, 2, 10, 89, seed=4)
+    refs = generate(ours, prompts, 8, temperature=0)
+    eos = refs[1].tokens[2]
+    sizes = []
+    real = Session.decode
+    monkeypatch.setattr(Session, "decode", lambda self, r, t: sizes.append(len(r)) or real(self, r, t))
+    out = generate(ours, prompts, 8, temperature=0, stop=[eos])
+    assert sum(s.finish_reason == "stop" for s in out) >= 1
+    # decode call j feeds token j of exactly the rows that go on to sample token j + 1
+    assert sizes == [sum(len(s.tokens) >= j + 2 for s in out) for j in range(7)]
+    assert sizes[-1] < 4
+
+
+def test_stop_strings(tiny):
+    tok = ByteTokenizer()
+    prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    free = generate(tiny, [prompt], 40, temperature=0)[0]
+    text = tok.decode(free.tokens)
+    needle = text[6:8]
+    cut = next(i for i in range(1, len(free.tokens) + 1) if needle in tok.decode(free.tokens[:i]))
+    out = generate(tiny, [prompt], 40, temperature=0, stop=[needle], tokenizer=tok)[0]
+    assert out.tokens == free.tokens[:cut] and out.finish_reason == "stop"
+
+
+def _recompute(model, prompts, samples, **kw):
+    """Right-padded prompt + reply, a mask on the reply, and the allowed-id dicts from Sample.allowed."""
+    L = max(len(p) + len(s.tokens) for p, s in zip(prompts, samples))
+    toks = torch.zeros(len(prompts), L, dtype=torch.long)
+    mask = torch.zeros(len(prompts), L, dtype=torch.bool)
+    allowed = []
+    for b, (p, s) in enumerate(zip(prompts, samples)):
+        seq = p + s.tokens
+        toks[b, :len(seq)] = torch.tensor(seq)
+        mask[b, len(p):len(seq)] = True
+        allowed.append({len(p) + j: a for j, a in enumerate(s.allowed) if a is not None})
+    return toks, mask, token_logprobs(model, toks, mask, allowed=allowed, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=20),
+                                dict(temperature=1.3, top_k=5), dict(temperature=0.0)])
+def test_sampled_logprobs_equal_token_logprobs(tiny, kw):
+    tok = ByteTokenizer()
+    prompts = [tok.encode(t) for t in ("<|im_start|>user\nwhere?<|im_end|>\n", "go ", "a", "the map is ##")]
+    cons = [Constraint.from_strings(tok, ["north", "south", "n", "ne"]), None,
+            Constraint.from_strings(tok, ["add(", "update(", "none"], free_after=True), None]
+    out = generate(tiny, prompts, 24, constraint=cons, seed=0, **kw)
+    toks, mask, lp = _recompute(tiny, prompts, out, chunk_size=7, **kw)
+    for b, (p, s) in enumerate(zip(prompts, out)):
+        got = lp[b, len(p):len(p) + len(s.tokens)]
+        assert torch.allclose(got, torch.tensor(s.logprobs), atol=1e-4), (b, got, s.logprobs)
+        assert len(s.tokens) == len(s.logprobs) == len(s.allowed)
+    assert (lp[~mask] == 0).all()
+    assert out[0].allowed[0] is not None and out[1].allowed[0] is None
+    assert out[2].allowed[0] is not None and out[2].allowed[-1] is None  # head, then free text
+
+
+def test_token_logprobs_grad_and_chunking(tiny):
+    g = G(5)
+    toks = torch.randint(0, 256, (3, 30), generator=g)
+    mask = torch.rand(3, 30, generator=g) < 0.7
+    kw = dict(temperature=0.8, top_k=30, top_p=0.95)
+    a = token_logprobs(tiny, toks, mask, chunk_size=5, **kw)
+    b = token_logprobs(tiny, toks, mask, chunk_size=4096, **kw)
+    assert torch.allclose(a, b, atol=1e-5) and torch.isfinite(a).all()  # off-policy tokens stay finite
+    # without filtering it is the plain log-softmax of the no-cache forward
+    with torch.no_grad():
+        ref = torch.log_softmax(tiny(toks).float(), -1)[:, :-1].gather(-1, toks[:, 1:, None])[..., 0]
+    plain = token_logprobs(tiny, toks, mask)
+    m = mask.clone()
+    m[:, 0] = False
+    assert torch.allclose(plain[:, 1:][m[:, 1:]], ref[m[:, 1:]], atol=1e-5)
+    # gradients equal those of the plain formula, and with checkpointed chunks
+    tiny.zero_grad()
+    (plain * m).sum().backward()
+    g1 = tiny.layers[0].self_attn.q_proj.weight.grad.clone()
+    tiny.zero_grad()
+    lf = torch.log_softmax(tiny(toks).float(), -1)[:, :-1].gather(-1, toks[:, 1:, None])[..., 0]
+    lf[m[:, 1:]].sum().backward()
+    g2 = tiny.layers[0].self_attn.q_proj.weight.grad.clone()
+    tiny.zero_grad()
+    assert torch.allclose(g1, g2, atol=1e-5, rtol=1e-4) and g1.abs().sum() > 0
+
+
+def test_constraint_outputs_are_allowed_completions(tiny):
+    tok = ByteTokenizer()
+    words = ["n", "ne", "north", "south", "été"]
+    c = Constraint.from_strings(tok, words)
+    prompt = tok.encode("<|im_start|>assistant\n")
+    out = generate(tiny, [prompt] * 64, 16, temperature=1.5, constraint=[c] * 64, seed=1)
+    got = set()
+    for s in out:
+        assert s.finish_reason == "stop" and s.tokens[-1] == tok.eos_token_id
+        assert tok.decode(s.tokens[:-1]) in words
+        got.add(tok.decode(s.tokens[:-1]))
+    assert len(got) >= 3  # sampling really explores the trie
+    heads = Constraint.from_strings(tok, ["add(", "none"], free_after=True)
+    out = generate(tiny, [prompt] * 16, 12, temperature=1.0, constraint=[heads] * 16, seed=2)
+    for s in out:
+        text = tok.decode(s.tokens)
+        assert text.startswith("add(") or text.startswith("none")
+    with pytest.raises(ValueError, match="at least one completion"):
+        generate(tiny, [prompt], 4, constraint=[Constraint([])])
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 5, 1.0), (1.0, 0, 0.7), (0.6, 8, 0.9)])
+def test_top_k_top_p_match_expected_distribution(tmp_path, temperature, top_k, top_p):
+    """Many one-token samples of one prompt vs the truncated distribution computed by hand from
+    transformers' logits; each count within 5 sigma (binomial), and nothing outside the support."""
+    torch.manual_seed(1)
+    V = 16
+    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                      initializer_range=1.0, eos_token_id=None)).eval()
+    hf.save_pretrained(tmp_path)
+    ours = Transformer.from_pretrained(tmp_path)
+    prompt = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        z = hf(torch.tensor([prompt])).logits[0, -1].double().numpy() / temperature
+    order = np.argsort(-z)
+    p = np.exp(z - z.max())
+    if top_k:
+        p[order[top_k:]] = 0
+    p /= p.sum()
+    if top_p < 1:
+        before = np.cumsum(p[order]) - p[order]
+        p[order[before >= top_p]] = 0
+        p /= p.sum()
+    assert 2 <= (p > 0).sum() < V  # the truncation is real and leaves a choice
+    N = 6000
+    out = generate(ours, [prompt] * N, 1, temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
+    counts = np.bincount([s.tokens[0] for s in out], minlength=V)
+    assert counts[p == 0].sum() == 0
+    sigma = np.sqrt(N * p * (1 - p))
+    assert (np.abs(counts - N * p) <= 5 * sigma + 1).all(), (counts, N * p)
+    lp = {s.tokens[0]: s.logprobs[0] for s in out}
+    for t, v in lp.items():
+        assert math.isclose(v, math.log(p[t]), abs_tol=1e-4)
+
+
+def test_seed_and_generator_reproducible(tiny):
+    prompts = [[1, 2, 3], [4, 5]]
+    a = generate(tiny, prompts, 10, seed=3)
+    b = generate(tiny, prompts, 10, generator=torch.Generator().manual_seed(3))
+    c = generate(tiny, prompts, 10, seed=4)
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+    assert [s.tokens for s in a] != [s.tokens for s in c]

@@ -1,0 +1,241 @@
+"""kernels/: every Triton kernel against its plain torch reference, run on CPU through Triton's interpreter.
+
+conftest.py sets TRITON_INTERPRET=1 before kernels/ is imported; triton reads it when @triton.jit decorates
+a kernel, so the kernels become interpreted functions that run on CPU tensors (checked first below).
+Shapes are small and odd on purpose: non-power-of-two widths, head_dim 24, ragged cache lengths, several
+blocks per row so the online loops really loop."""
+import importlib
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from triton.runtime.interpreter import InterpretedFunction
+
+# import_module, not `from kernels import rmsnorm`: the package re-exports the dispatch functions under the
+# same names as their modules (kernels.rmsnorm is the function rmsnorm there).
+da = importlib.import_module("kernels.decode_attention")
+ls = importlib.import_module("kernels.logsoftmax")
+rn = importlib.import_module("kernels.rmsnorm")
+rp = importlib.import_module("kernels.rope")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def close(actual, expected, dtype):
+    """fp32: 1e-5; bf16: one bf16 rounding step apart at most (the fp32 math differs only in summation order)."""
+    if dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(actual, expected, rtol=1.6e-2, atol=1e-2)
+
+
+def test_interpreter_is_active():
+    for kernel in (rn._rmsnorm_kernel, rp._rope_kernel, da._decode_attention_kernel,
+                   ls._logsoftmax_fwd_kernel, ls._logsoftmax_bwd_kernel):
+        assert isinstance(kernel, InterpretedFunction), "TRITON_INTERPRET=1 was not set before kernels/ was imported"
+
+
+def test_cpu_without_interpreter_is_a_clear_error():
+    code = ("import os; os.environ.pop('TRITON_INTERPRET', None); import torch\n"
+            "from kernels.rmsnorm import rmsnorm_triton\n"
+            "try:\n    rmsnorm_triton(torch.ones(2, 3), torch.ones(3), 1e-6)\n"
+            "except ValueError as e:\n    print('ValueError:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert "ValueError:" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------- rmsnorm
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [None, 16])  # one chunk per row / five chunks per row
+def test_rmsnorm_matches_reference(dtype, block):
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(3, 77, generator=g)).to(dtype)
+    w = torch.randn(77, generator=g)
+    y = rn.rmsnorm_triton(x, w, 1e-6, block=block)
+    assert y.dtype == dtype and y.shape == x.shape
+    close(y, rn.rmsnorm_ref(x, w, 1e-6), dtype)
+
+
+def test_rmsnorm_strided_batched_input():
+    """q/k norm in Qwen3 normalises each head of a [B, T, H, D] view; a transposed view must work too."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 5, 24, generator=g).transpose(1, 2)  # [2, 5, 3, 24], not contiguous
+    w = torch.randn(24, generator=g)
+    close(rn.rmsnorm_triton(x, w, 1e-5), rn.rmsnorm_ref(x, w, 1e-5), torch.float32)
+
+
+def test_rmsnorm_reference_is_torch_rmsnorm():
+    """The spec itself against an independent implementation (torch.nn.functional.rms_norm)."""
+    x, w = torch.randn(3, 77), torch.randn(77)
+    torch.testing.assert_close(rn.rmsnorm_ref(x, w, 1e-6), F.rms_norm(x, (77,), w, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- rope
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_matches_reference_on_strided_views(dtype):
+    g = torch.Generator().manual_seed(2)
+    B, T, H, D = 2, 5, 3, 24
+    qkv = torch.randn(B, T, 3 * H + 1, D, generator=g).to(dtype)
+    x = qkv[:, :, 1:1 + H]  # a slice of a fused projection: non-contiguous
+    assert not x.is_contiguous()
+    pos = torch.arange(T, dtype=torch.float32)[None, :] + torch.tensor([[0.0], [7.0]])  # ragged row offsets
+    inv_freq = 1.0 / (10000 ** (torch.arange(D // 2, dtype=torch.float32) / (D // 2)))
+    ang = pos[:, :, None] * inv_freq
+    y = rp.apply_rope_triton(x, ang.cos(), ang.sin())
+    assert y.dtype == dtype and y.shape == (B, T, H, D)
+    close(y, rp.apply_rope_ref(x, ang.cos(), ang.sin()), dtype)
+    # cos/sin shared by the batch through expand() (stride 0 on B)
+    c, s = ang[:1].cos().expand(B, T, D // 2), ang[:1].sin().expand(B, T, D // 2)
+    close(rp.apply_rope_triton(x, c, s), rp.apply_rope_ref(x, c, s), dtype)
+
+
+def test_rope_reference_is_rotate_half():
+    """The spec itself against the textbook rotate-half formula (x * cos + rotate_half(x) * sin)."""
+    x = torch.randn(2, 3, 4, 8)
+    c, s = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    cf, sf = torch.cat([c, c], -1)[:, :, None], torch.cat([s, s], -1)[:, :, None]
+    rot = torch.cat([-x[..., 4:], x[..., :4]], -1)
+    torch.testing.assert_close(rp.apply_rope_ref(x, c, s), x * cf + rot * sf)
+
+
+# ---------------------------------------------------------------- decode attention
+def _cache(g, dtype, Bmax=5, Hkv=2, L=40, D=24):
+    return (torch.randn(Bmax, Hkv, L, D, generator=g).to(dtype), torch.randn(Bmax, Hkv, L, D, generator=g).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_n", [None, 16])  # length 33 takes one block / three blocks
+def test_decode_attention_gqa_ragged_rows(dtype, block_n):
+    g = torch.Generator().manual_seed(3)
+    k, v = _cache(g, dtype)
+    q = torch.randn(3, 4, 24, generator=g).to(dtype)  # GQA 4 query heads : 2 kv heads, head_dim 24
+    rows, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 5, 33])
+    out = da.decode_attention_triton(q, k, v, rows, lengths, block_n=block_n)
+    assert out.dtype == dtype and out.shape == q.shape
+    close(out, da.decode_attention_ref(q, k, v, rows, lengths), dtype)
+
+
+@pytest.mark.parametrize("hq,hkv", [(3, 3), (6, 2)])  # plain MHA; a group of 3 (not a power of two)
+def test_decode_attention_group_sizes_and_scale(hq, hkv):
+    """Also int32 rows/lengths and a full-length row (40 of 40 slots)."""
+    g = torch.Generator().manual_seed(4)
+    k, v = _cache(g, torch.float32, Hkv=hkv)
+    q = torch.randn(2, hq, 24, generator=g)
+    rows, lengths = torch.tensor([3, 1], dtype=torch.int32), torch.tensor([40, 17], dtype=torch.int32)
+    out = da.decode_attention_triton(q, k, v, rows, lengths, scale=0.3, block_n=16)
+    close(out, da.decode_attention_ref(q, k, v, rows, lengths, scale=0.3), torch.float32)
+
+
+def test_decode_attention_never_reads_past_length():
+    """Cache slots beyond a row's length hold NaN (stale or unwritten memory): the kernel must not touch them."""
+    g = torch.Generator().manual_seed(5)
+    k, v = _cache(g, torch.float32)
+    q = torch.randn(3, 4, 24, generator=g)
+    rows, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 5, 33])
+    expected = da.decode_attention_ref(q, k, v, rows, lengths)
+    for r, n in zip(rows.tolist(), lengths.tolist()):
+        k[r, :, n:], v[r, :, n:] = float("nan"), float("nan")
+    for r in {0, 1, 2, 3, 4} - set(rows.tolist()):
+        k[r], v[r] = float("nan"), float("nan")
+    close(da.decode_attention_triton(q, k, v, rows, lengths, block_n=16), expected, torch.float32)
+
+
+def test_decode_attention_reference_is_sdpa():
+    """The spec itself against torch's scaled_dot_product_attention, one row at a time."""
+    g = torch.Generator().manual_seed(6)
+    k, v = _cache(g, torch.float32)
+    q = torch.randn(3, 4, 24, generator=g)
+    rows, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 5, 33])
+    out = da.decode_attention_ref(q, k, v, rows, lengths)
+    for i, (r, n) in enumerate(zip(rows.tolist(), lengths.tolist())):
+        kk, vv = (t[r, :, :n].repeat_interleave(2, dim=0) for t in (k, v))
+        want = F.scaled_dot_product_attention(q[i][:, None], kk, vv)[:, 0]
+        torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- selective log-softmax
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [None, 256])  # V = 1000 in one block / four blocks
+def test_selective_log_softmax_forward_and_backward(dtype, block):
+    g = torch.Generator().manual_seed(7)
+    N, V = 6, 1000
+    base = (4 * torch.randn(N, V, generator=g)).to(dtype)
+    targets = torch.randint(0, V, (N,), generator=g)
+    targets[0] = V - 1  # the last, partially filled block
+    grad_out = torch.randn(N, generator=g)
+    a, b = base.clone().requires_grad_(), base.clone().requires_grad_()
+    out = ls.selective_log_softmax_triton(a, targets, block=block)
+    ref = ls.selective_log_softmax_ref(b, targets)
+    assert out.dtype == torch.float32 and out.shape == (N,)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 1e-4)
+    (out * grad_out).sum().backward()
+    (ref * grad_out).sum().backward()
+    assert a.grad.dtype == dtype
+    close(a.grad, b.grad, dtype)
+
+
+def test_selective_log_softmax_masked_logits_and_strided_rows():
+    """Constrained decoding masks logits to -inf, sometimes a whole leading block; rows may be a view."""
+    g = torch.Generator().manual_seed(8)
+    full = torch.randn(5, 1100, generator=g)
+    full[:, :300] = float("-inf")  # block 0 (256 wide) entirely masked
+    full[2, 600:] = float("-inf")
+    targets = torch.tensor([300, 999, 450, 512, 700])
+    a, b = full.clone().requires_grad_(), full.clone().requires_grad_()
+    out = ls.selective_log_softmax_triton(a[:, :1000], targets, block=256)  # row stride 1100
+    ref = ls.selective_log_softmax_ref(b[:, :1000], targets)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    assert torch.isfinite(a.grad).all()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_selective_log_softmax_reference_is_log_softmax_gather():
+    """The spec itself against torch's log_softmax and a hand-computed value."""
+    x = torch.randn(4, 9)
+    t = torch.tensor([0, 8, 3, 3])
+    torch.testing.assert_close(ls.selective_log_softmax_ref(x, t), x.log_softmax(-1)[torch.arange(4), t])
+    uniform = torch.zeros(1, 8)
+    torch.testing.assert_close(ls.selective_log_softmax_ref(uniform, torch.tensor([5])), torch.tensor([-math.log(8)]))
+
+
+# ---------------------------------------------------------------- dispatch and bad input
+def test_dispatch_uses_reference_on_cpu(monkeypatch):
+    """model.py calls the dispatch functions; on CPU they must take the torch path (the Triton one would
+    run in the interpreter here, very slowly) and give the reference's exact result."""
+    def boom(*a, **k):
+        raise AssertionError("Triton path taken for CPU tensors")
+    for mod, name in ((rn, "rmsnorm_triton"), (rp, "apply_rope_triton"), (da, "decode_attention_triton"),
+                      (ls, "selective_log_softmax_triton")):
+        monkeypatch.setattr(mod, name, boom)
+    x, w = torch.randn(3, 77), torch.randn(77)
+    assert torch.equal(rn.rmsnorm(x, w, 1e-6), rn.rmsnorm_ref(x, w, 1e-6))
+    x, c, s = torch.randn(2, 3, 4, 24), torch.randn(2, 3, 12), torch.randn(2, 3, 12)
+    assert torch.equal(rp.apply_rope(x, c, s), rp.apply_rope_ref(x, c, s))
+    q, k, v = torch.randn(2, 4, 24), torch.randn(3, 2, 9, 24), torch.randn(3, 2, 9, 24)
+    rows, lengths = torch.tensor([2, 0]), torch.tensor([9, 3])
+    assert torch.equal(da.decode_attention(q, k, v, rows, lengths), da.decode_attention_ref(q, k, v, rows, lengths))
+    logits, t = torch.randn(4, 50, requires_grad=True), torch.tensor([1, 2, 3, 49])
+    out = ls.selective_log_softmax(logits, t)
+    assert torch.equal(out, ls.selective_log_softmax_ref(logits, t)) and out.requires_grad
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: rn.rmsnorm_triton(torch.ones(2, 8), torch.ones(7), 1e-6), "weight has shape"),
+    (lambda: rp.apply_rope_triton(torch.ones(1, 2, 3, 7), torch.ones(1, 2, 3), torch.ones(1, 2, 3)), "even D"),
+    (lambda: rp.apply_rope_triton(torch.ones(1, 2, 3, 8), torch.ones(1, 2, 3), torch.ones(1, 2, 4)), "cos has shape"),
+    (lambda: da.decode_attention_triton(torch.ones(1, 3, 8), torch.ones(1, 2, 4, 8), torch.ones(1, 2, 4, 8),
+                                        torch.tensor([0]), torch.tensor([1])), "multiple of kv heads"),
+    (lambda: ls.selective_log_softmax_triton(torch.ones(3, 10), torch.tensor([1, 2])), "targets"),
+    (lambda: ls.selective_log_softmax_triton(torch.ones(2, 10), torch.tensor([1.0, 2.0])), "integer"),
+])
+def test_bad_input_is_a_clear_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

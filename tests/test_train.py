@@ -1,0 +1,206 @@
+"""End to end: train.py on tiny models in every mode, --resume, bad input, DDP with torchrun, and free-text
+mode on HF checkpoints (written with transformers) including search_and_ask."""
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import crl
+import train
+from model import Transformer, generate, token_logprobs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
+        "--max-context", "2048", "--merge-every", "1", "--warmup", "0", "--distill-per-group", "2"]
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+
+def strip_times(m):
+    return {k: v for k, v in m.items() if not k.startswith("time/")}
+
+
+@pytest.mark.parametrize("mode", crl.MODES)
+def test_two_iterations_every_mode(tmp_path, mode):
+    out = str(tmp_path / mode)
+    run = train.main(["--tasks", "room", "--mode", mode, "--iters", "2", "--out", out, *FAST])
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert 0.0 <= r["train/room/success_noexp"] <= 1.0 and "eval/room/success_noexp" in r
+        assert r["time/generate"] > 0 and r["turns"] >= 1
+        assert ("train/room/success_exp" in r) == (mode != "grpo")
+    assert os.path.exists(os.path.join(out, "curve.png"))
+    ckpt = os.path.join(out, "ckpt")
+    assert os.path.exists(os.path.join(ckpt, "actor", "config.json")) and os.path.exists(os.path.join(ckpt, "state.pt"))
+    if mode == "grpo":
+        assert run.manager is None and not os.path.exists(os.path.join(ckpt, "bank"))
+    else:
+        assert os.path.exists(os.path.join(ckpt, "extractor", "config.json"))
+        assert rows[-1]["bank_size"] == len(run.manager.bank) > 0   # the tiny extractor wrote entries
+        assert sum(r["operations"] for r in rows) > 0
+    if mode in ("crl", "grpo", "static"):
+        assert "actor/loss" in rows[-1]
+        if rows[-1]["actor/trained_seqs"]:
+            assert rows[-1]["actor/ratio"] == pytest.approx(1.0, abs=1e-3)
+    else:
+        assert "actor/loss" not in rows[-1]   # exp-only: the actor is frozen
+
+
+def test_first_ratio_is_one_on_policy():
+    """Sampler log-probs (constrained to the actions, temperature 0.8, top-k 5) equal the trainer's
+    recomputation on the episodes' full multi-turn token sequences."""
+    from model import load_tokenizer
+    actor = Transformer.tiny(seed=3)
+    cfg = crl.CRLConfig(mode="grpo", temperature=0.8, top_k=5, max_reply_tokens=16, max_context=4096)
+    run = crl.CRL(cfg, ["room"], 2, 0, actor, load_tokenizer("tiny"), None, None, None, None, None)
+    run.timer = {"generate": 0.0, "env": 0.0}
+    eps = crl.rollout(run, crl.episode_specs(run, 0)[:6], crl.seeded_generator(0, 0, 0, 1), cfg.temperature)
+    segs = [s for e in eps for s in e.segments]
+    assert all(e.turns >= 1 for e in eps) and sum(sum(s.mask) for s in segs) > 6
+    with torch.no_grad():
+        for s in segs:
+            mask = torch.tensor([s.mask])
+            lp = token_logprobs(actor, torch.tensor([s.tokens]), mask, temperature=0.8, top_k=5, allowed=[s.allowed])
+            assert torch.allclose(lp[mask], torch.tensor(s.logprobs)[mask[0]], atol=1e-4)
+
+
+def test_resume_gives_the_same_metrics(tmp_path):
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    args = ["--tasks", "room", "--mode", "crl", *FAST]
+    train.main([*args, "--iters", "2", "--out", full])
+    train.main([*args, "--iters", "1", "--out", part])
+    train.main([*args, "--iters", "2", "--out", part, "--resume"])
+    a, b = read_metrics(full), read_metrics(part)
+    assert [r["step"] for r in b] == [0, 1]
+    assert strip_times(a[1]) == strip_times(b[1])
+
+
+def test_bad_input_is_one_clear_line(tmp_path):
+    def run(*argv):
+        p = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode != 0 and "Traceback" not in p.stderr
+        return p.stderr.strip().splitlines()[-1]
+    assert "unknown task nethack" in run("--tasks", "nethack") and "room" in run("--tasks", "nethack")
+    assert "not found" in run("--actor", str(tmp_path / "nope"), "--out", str(tmp_path / "a"))
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "args.json").write_text("{}")
+    assert "--resume" in run("--out", str(out))
+    assert "no checkpoint" in run("--out", str(tmp_path / "c"), "--resume")
+
+
+def _torchrun(*argv, timeout=600):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+           os.path.join(ROOT, "tests", "ddp_worker.py"), *argv]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_ddp_replicas_stay_identical(tmp_path):
+    out = str(tmp_path / "ddp")
+    _torchrun("train", out, *FAST)
+    r0, r1 = (torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True) for r in (0, 1))
+    for name in ("actor", "extractor"):
+        assert r0[name].keys() == r1[name].keys()
+        assert all(torch.equal(r0[name][k], r1[name][k]) for k in r0[name])
+    assert r0["bank"] == r1["bank"] and len(r0["bank"]) > 0
+    assert torch.equal(r0["keys"], r1["keys"])
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [0, 1]
+
+
+def fixed_segments(model, n=6, seed=0):
+    """Synthetic episodes: random tokens, actor tokens at the end, old log-probs near the current ones."""
+    g = torch.Generator().manual_seed(seed)
+    segs, advs = [], []
+    for i in range(n):
+        T = 10 + 3 * i
+        toks = torch.randint(0, 256, (T,), generator=g).tolist()
+        s = crl.Segment()
+        s.extend(toks[:T // 2])
+        with torch.no_grad():
+            lp = token_logprobs(model, torch.tensor([toks]), torch.tensor([[False] * (T // 2) + [True] * (T - T // 2)]))
+        noise = 0.3 * torch.randn(T - T // 2, generator=g)
+        s.extend(toks[T // 2:], True, (lp[0, T // 2:] + noise).tolist())
+        segs.append(s)
+        advs.append(float(torch.randn(1, generator=g)))
+    return segs, advs
+
+
+def single_process_update(objective):
+    model = Transformer.tiny(seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    segs, advs = fixed_segments(model)
+    holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
+    crl.policy_update(holder, model, opt, segs, advs, objective, 1.0)
+    return model
+
+
+@pytest.mark.parametrize("objective", ["grpo", "cispo"])
+def test_ddp_update_equals_single_process(tmp_path, objective):
+    _torchrun("update", str(tmp_path), objective)
+    ddp = torch.load(os.path.join(str(tmp_path), "update.pt"), weights_only=True)
+    ref = single_process_update(objective).state_dict()
+    start = Transformer.tiny(seed=0).state_dict()
+    assert any(not torch.equal(ref[k], start[k]) for k in ref)   # the update did something
+    for k in ref:
+        assert torch.allclose(ddp[k], ref[k], atol=1e-6), k
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_hf_checkpoint(path, seed):
+    """A tiny random Qwen3 written by transformers, with a byte-level BPE tokenizer and a ChatML template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.chat_template = CHATML
+    tok.save_pretrained(path)
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                      eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return tok
+
+
+def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
+    actor_dir, extractor_dir = str(tmp_path / "actor"), str(tmp_path / "extractor")
+    tok = write_hf_checkpoint(actor_dir, 0)
+    write_hf_checkpoint(extractor_dir, 1)
+    # a random model almost never writes <ask>, so its first reply is constrained to a question: the
+    # rest (retrieval, the extractor's answer, the tool turn, training on it) is the real path
+    from model import Constraint
+    real, calls = crl.generate, []
+
+    def first_reply_asks(model, prompts, *args, **kw):
+        if kw.get("session") is not None and not calls:
+            calls.append(1)
+            kw["constraint"] = [Constraint.from_strings(tok, ["<ask>where are the stairs?</ask>"])] * len(prompts)
+        return real(model, prompts, *args, **kw)
+
+    monkeypatch.setattr(crl, "generate", first_reply_asks)
+    out = str(tmp_path / "run")
+    run = train.main(["--tasks", "room", "--actor", actor_dir, "--extractor", extractor_dir, "--iters", "2",
+                      "--out", out, "--max-reply-tokens", "12", "--extractor-reply-tokens", "16", *FAST])
+    rows = read_metrics(out)
+    assert rows[0]["asks"] == 4                         # the with-experience half of 2 groups of 4
+    assert rows[0]["invalid_actions"] >= 2              # the others' <ask> is not an action
+    assert "actor/loss" in rows[1]
+    assert os.path.exists(os.path.join(out, "ckpt", "actor", "tokenizer.json"))
+    assert run.cfg.free_text and run.cfg.extractor_free_text
