@@ -26,7 +26,7 @@ else:
     from model import Transformer  # noqa: E402
     dist.init_process_group("gloo")
     model = Transformer.tiny(seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     mine = list(range(rank, len(segs), dist.get_world_size()))
     crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), model, opt,

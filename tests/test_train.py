@@ -137,7 +137,7 @@ def fixed_segments(model, n=6, seed=0):
 
 def single_process_update(objective):
     model = Transformer.tiny(seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
     crl.policy_update(holder, model, opt, segs, advs, objective, 1.0)
