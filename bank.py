@@ -652,6 +652,8 @@ class Embedder:
 
     def _init_encoder(self, max_length):
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()   # a 6-layer encoder loads in a blink; no bar in the training log
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
         self.model = AutoModel.from_pretrained(str(self.path), local_files_only=True)
         self.model = self.model.to(self.device, self.dtype or self.model.dtype).eval()

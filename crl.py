@@ -10,6 +10,7 @@ import math
 import re
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +55,7 @@ class CRLConfig:
     merge_size: int = 5                   # entries consolidated per merge call [code]
     merge_batches: int = 2                # merge calls per task per pass
     micro_batch: int = 8                  # sequences per forward/backward
+    minibatches: int = 1                  # optimizer steps per iteration (one epoch over the batch [code])
     grad_clip: float = 1.0
 
     @property
@@ -89,36 +91,47 @@ def gather_objects(obj) -> list:
     return out
 
 
+def _comm_device():
+    """nccl reduces CUDA tensors only; gloo takes CPU tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def all_reduce_sum(x: float) -> float:
     if world() == 1:
         return x
-    t = torch.tensor([float(x)], dtype=torch.float64)
+    t = torch.tensor([float(x)], dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t)
     return float(t.item())
 
 
-def all_reduce_grads(model):
-    """Sum gradients over ranks (the losses are already divided by global counts), bucketed into one flat
-    buffer per dtype so a large model makes few collective calls."""
+def all_reduce_grads(model, bucket_numel: int = 1 << 25):
+    """Sum gradients over ranks (the losses are already divided by global counts), a few flat buckets at a
+    time so a large model makes few collective calls without doubling its gradient memory."""
     if world() == 1:
         return
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    for dtype in {p.grad.dtype for p in params}:
-        grads = [p.grad for p in params if p.grad.dtype == dtype]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+    bucket = []
+    for i, p in enumerate(params):   # same parameter order on every rank, so the buckets line up
+        bucket.append(p.grad)
+        last = i == len(params) - 1
+        if last or sum(g.numel() for g in bucket) >= bucket_numel or params[i + 1].grad.dtype != p.grad.dtype:
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+            bucket = []
 
 
-def seeded_generator(*parts: int) -> torch.Generator:
-    """A torch RNG determined by integers (seed, step, rank, purpose): resumed runs replay the same samples."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence(list(parts)).generate_state(1)[0]))
+def seeded_generator(device, *parts: int) -> torch.Generator:
+    """A torch RNG on `device` determined by integers (seed, step, rank, purpose): a resumed run replays the
+    same samples."""
+    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -152,15 +165,14 @@ def encode_chat(tok, messages: list[dict], generation_prompt: bool = True) -> li
     return tok.encode(text, add_special_tokens=False)
 
 
-_TURN_CACHE: dict = {}
+_TURN_CACHE = weakref.WeakKeyDictionary()   # tokenizer -> (text between reply and user turn, text after it)
 
 
 def next_turn_tokens(tok, text: str) -> list[int]:
     """Tokens that follow an assistant reply (which ended with the eos token) to add a user turn and open
     the next assistant turn. Found by rendering the chat template around placeholders, so it works for any
     ChatML/Llama-style template without re-rendering (and re-tokenising) the whole conversation."""
-    key = id(tok)
-    if key not in _TURN_CACHE:
+    if tok not in _TURN_CACHE:
         msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                 {"role": "assistant", "content": "\x02"}, {"role": "user", "content": "\x01"}]
         rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -168,8 +180,8 @@ def next_turn_tokens(tok, text: str) -> list[int]:
         eos = tok.decode([tok.eos_token_id])
         if between.startswith(eos):  # the reply's own eos token is already in the sequence
             between = between[len(eos):]
-        _TURN_CACHE[key] = (between, after)
-    between, after = _TURN_CACHE[key]
+        _TURN_CACHE[tok] = (between, after)
+    between, after = _TURN_CACHE[tok]
     return tok.encode(between + text + after, add_special_tokens=False)
 
 
@@ -183,6 +195,8 @@ class Segment:
     mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     allowed: dict = field(default_factory=dict)  # position -> allowed ids, where a constraint masked it
+    share: float = 1.0              # this segment's share of its episode (1/number of windows)
+    episode_tokens: int = 0         # actor tokens in the whole episode (0: this segment's own)
 
     def extend(self, tokens, mask=False, logprobs=None, allowed=None):
         start = len(self.tokens)
@@ -269,7 +283,12 @@ def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: fl
 
     session = Session(crl.actor, max_batch=len(eps), max_len=cfg.max_context)
     done = [False] * len(eps)
-    live = list(range(len(eps)))
+    live = []
+    for i, e in enumerate(eps):
+        if len(pending[i]) + cfg.max_reply_tokens > cfg.max_context:   # the first prompt alone is too long
+            e.truncated, e.reward, done[i] = True, getattr(games[i], "failure_reward", 0.0), True
+        else:
+            live.append(i)
     while live:
         # 1. one batched generate call for every live episode
         cons = None if cfg.free_text else [Constraint.from_strings(tok, games[i].actions) for i in live]
@@ -330,6 +349,9 @@ def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: fl
         live = still
     for e, env in zip(eps, games):
         crl.pool.give(e.task, train, env)
+        n = sum(sum(s.mask) for s in e.segments)
+        for s in e.segments:    # a windowed episode still counts as one sequence in the loss (no length bias)
+            s.share, s.episode_tokens = 1.0 / len(e.segments), n
     return eps
 
 
@@ -371,12 +393,15 @@ def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, num_seqs: float | None = None,
-              num_tokens: float | None = None) -> torch.Tensor:
+              num_tokens: float | None = None, seq_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """seq-mean-token-mean: mean over each sequence's tokens, then over sequences; token-mean: over all
-    tokens. The denominators may be given (global counts), so micro-batches and DDP ranks sum exactly."""
+    tokens. The denominators may be given (global counts), so micro-batches and DDP ranks sum exactly; a
+    row may be one piece of a longer sequence (an episode split into windows), divided by that sequence's
+    token count `seq_tokens` and counted as its share in `num_seqs`."""
     mask = mask.to(per_token.dtype)
     if agg == "seq-mean-token-mean":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        denom = seq_tokens if seq_tokens is not None else mask.sum(-1).clamp(min=1)
+        per_seq = (per_token * mask).sum(-1) / denom
         return per_seq.sum() / (num_seqs if num_seqs is not None else max(per_token.shape[0], 1))
     if agg == "token-mean":
         return (per_token * mask).sum() / (num_tokens if num_tokens is not None else mask.sum().clamp(min=1))
@@ -402,11 +427,29 @@ def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float 
 
 
 def policy_update(crl, model, opt, segments: list[Segment], advantages: list[float], objective: str,
-                  temperature: float) -> dict:
-    """One epoch, one optimizer step over all segments: micro-batched, losses divided by global counts so the
-    sum over micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
+                  temperature: float, minibatches: int = 1) -> dict:
+    """One epoch over the batch in `minibatches` optimizer steps (PPO mini-batches: after the first step the
+    ratio leaves 1 and the clip starts to matter). Returns the steps' mean statistics."""
+    steps = []
+    for k in range(minibatches):
+        idx = list(range(k, len(segments), minibatches))
+        steps.append(optimizer_step(crl, model, opt, [segments[j] for j in idx], [advantages[j] for j in idx],
+                                    objective, temperature))
+    out = {key: sum(s.get(key, 0.0) for s in steps) / len(steps) for key in steps[0] if key != "grad_norm"}
+    out["skipped"] = sum(s["skipped"] for s in steps)
+    out["trained_seqs"] = sum(s["trained_seqs"] for s in steps)
+    norms = [s["grad_norm"] for s in steps if "grad_norm" in s]
+    if norms:
+        out["grad_norm"] = sum(norms) / len(norms)
+    return out
+
+
+def optimizer_step(crl, model, opt, segments: list[Segment], advantages: list[float], objective: str,
+                   temperature: float) -> dict:
+    """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
+    micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
     cfg = crl.cfg
-    num_seqs = all_reduce_sum(len(segments))
+    num_seqs = all_reduce_sum(sum(s.share for s in segments))
     num_tokens = all_reduce_sum(sum(sum(s.mask) for s in segments))
     # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
     # denominators above still count it, so the update is exactly the same)
@@ -431,14 +474,16 @@ def policy_update(crl, model, opt, segments: list[Segment], advantages: list[flo
         mask[:, 0] = False
         tokens, mask, old = tokens.to(device), mask.to(device), old.to(device)
         adv = torch.tensor([advantages[j] for j in idx], device=device)
+        seq_tokens = torch.tensor([float(segments[j].episode_tokens or max(sum(segments[j].mask), 1)) for j in idx],
+                                  device=device)
+        denoms = dict(num_seqs=num_seqs, num_tokens=num_tokens, seq_tokens=seq_tokens)
         logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                               allowed=[segments[j].allowed for j in idx])
         if objective == "grpo":
-            loss = grpo_loss(logp, old, adv, mask, cfg.clip, cfg.loss_agg, num_seqs=num_seqs, num_tokens=num_tokens)
+            loss = grpo_loss(logp, old, adv, mask, cfg.clip, cfg.loss_agg, **denoms)
             lo, hi = 1 - cfg.clip, 1 + cfg.clip
         else:
-            loss = cispo_loss(logp, old, adv, mask, cfg.cispo_eps_low, cfg.cispo_eps_high, cfg.loss_agg,
-                              num_seqs=num_seqs, num_tokens=num_tokens)
+            loss = cispo_loss(logp, old, adv, mask, cfg.cispo_eps_low, cfg.cispo_eps_high, cfg.loss_agg, **denoms)
             lo, hi = 1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high
         loss.backward()
         with torch.no_grad():
@@ -771,8 +816,8 @@ def train_step(crl, step: int) -> dict:
     cfg = crl.cfg
     crl.timer = {k: 0.0 for k in ("generate", "env", "update", "extractor", "extractor_update")}
     crl.counters = {k: 0 for k in ("parse_failures", "operations", "merges")}
-    gen = seeded_generator(crl.seed, step, rank(), 1)
-    ext_gen = seeded_generator(crl.seed, step, rank(), 2)
+    gen = seeded_generator(crl.actor.device, crl.seed, step, rank(), 1)
+    ext_gen = seeded_generator(crl.extractor.device, crl.seed, step, rank(), 2) if crl.extractor else None
 
     # 1-2. play G rollouts of each task instance
     eps = rollout(crl, episode_specs(crl, step), gen, cfg.temperature)
@@ -806,7 +851,8 @@ def train_step(crl, step: int) -> dict:
         segments = [s for e in eps for s in e.segments]
         seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
         t0 = time.perf_counter()
-        stats = policy_update(crl, crl.actor, crl.actor_opt, segments, seg_adv, "grpo", cfg.temperature)
+        stats = policy_update(crl, crl.actor, crl.actor_opt, segments, seg_adv, "grpo", cfg.temperature,
+                              cfg.minibatches)
         crl.timer["update"] = time.perf_counter() - t0
         metrics.update({f"actor/{k}": v for k, v in stats.items()})
     if crl.manager is not None:
@@ -861,6 +907,7 @@ def evaluate(crl, tasks: list[str], episodes: int) -> dict:
     mine = specs[rank()::world()]
     timer = crl.timer
     crl.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
-    eps = rollout(crl, mine, seeded_generator(crl.seed, 7, rank(), 3), crl.cfg.eval_temperature, train=False)
+    gen = seeded_generator(crl.actor.device, crl.seed, 7, rank(), 3)
+    eps = rollout(crl, mine, gen, crl.cfg.eval_temperature, train=False)
     crl.timer = timer
     return success_metrics(eps, "eval")

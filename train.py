@@ -27,10 +27,12 @@ from model import Transformer, load_tokenizer
 # The embedded default learns on a 2-core CPU in minutes; real checkpoints follow the authors' setup.
 TINY = dict(lr=1e-3, extractor_lr=1e-3, groups=4, group_size=8, warmup=2, history=1, max_reply_tokens=16,
             max_context=4096, extractor_reply_tokens=48, episode_chars=600, distill_per_group=2,
-            extractor_batch=32, micro_batch=16, eval_episodes=32, eval_every=5, merge_every=5, iters=60)
+            extractor_batch=32, micro_batch=16, eval_episodes=32, eval_every=5, merge_every=5, iters=60,
+            minibatches=4)
 REAL = dict(lr=1e-6, extractor_lr=1e-6, groups=16, group_size=8, warmup=5, history=None, max_reply_tokens=512,
             max_context=16384, extractor_reply_tokens=1024, episode_chars=6000, distill_per_group=0,
-            extractor_batch=64, micro_batch=4, eval_episodes=64, eval_every=10, merge_every=5, iters=512)
+            extractor_batch=64, micro_batch=4, eval_episodes=64, eval_every=10, merge_every=5, iters=512,
+            minibatches=1)
 
 
 def parse_args(argv=None):
@@ -52,7 +54,7 @@ def parse_args(argv=None):
     # preset-dependent (None = the tiny or the real default)
     for name in ["iters", "groups", "group_size", "warmup", "history", "max_reply_tokens", "max_context",
                  "extractor_reply_tokens", "episode_chars", "distill_per_group", "extractor_batch",
-                 "micro_batch", "eval_episodes", "eval_every", "merge_every"]:
+                 "micro_batch", "eval_episodes", "eval_every", "merge_every", "minibatches"]:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--extractor-lr", type=float, default=None)
@@ -123,31 +125,11 @@ def save_checkpoint(run: crl.CRL, out: str, step: int, args):
     os.replace(tmp, final)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    local, device = setup_distributed()
-    rank, world = crl.rank(), crl.world()
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-
-    # the run directory: a new run must not overwrite another; --resume continues it with its saved flags
-    if args.out is None:
-        stamp = crl.gather_objects(time.strftime("%Y%m%d-%H%M%S"))[0]
-        args.out = os.path.join("runs", f"{'+'.join(args.tasks)}-{args.mode}-{stamp}")
-    ckpt = os.path.join(args.out, "ckpt")
-    if args.resume:
-        if not os.path.exists(os.path.join(ckpt, "state.pt")):
-            sys.exit(f"error: --resume: no checkpoint in {ckpt}; run without --resume to start a new run")
-        saved = json.load(open(os.path.join(args.out, "args.json")))
-        for k, v in saved.items():
-            if k not in ("iters", "resume", "out", "device"):
-                setattr(args, k, v)
-    elif os.path.exists(os.path.join(args.out, "args.json")):
-        sys.exit(f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out")
-    if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        if not args.resume:
-            json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"), indent=1)
-
+def build(args, device, dtype) -> tuple[crl.CRL, int]:
+    """The run from parsed flags: actor, extractor, embedder, bank and optimizers, or with --resume their
+    state from OUT/ckpt. Returns the `crl.CRL` and the first iteration to run (bench.py reuses this)."""
+    ckpt = os.path.join(args.out, "ckpt") if args.resume else None
+    world = crl.world()
     torch.manual_seed(args.seed)
     actor_src = os.path.join(ckpt, "actor") if args.resume else args.actor
     actor, actor_tok = load_model(actor_src, args.seed, device, dtype)
@@ -157,7 +139,8 @@ def main(argv=None):
         max_reply_tokens=args.max_reply_tokens, max_context=args.max_context,
         extractor_free_text=args.extractor != "tiny", extractor_reply_tokens=args.extractor_reply_tokens,
         episode_chars=args.episode_chars, distill_per_group=args.distill_per_group,
-        extractor_batch=args.extractor_batch, micro_batch=args.micro_batch, merge_every=args.merge_every)
+        extractor_batch=args.extractor_batch, micro_batch=args.micro_batch, merge_every=args.merge_every,
+        minibatches=args.minibatches)
     extractor = extractor_tok = manager = None
     if cfg.uses_bank:
         extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if args.resume else args.extractor,
@@ -183,10 +166,41 @@ def main(argv=None):
             extractor_opt.load_state_dict(state["extractor_opt"])
         run.generations = {g["id"]: crl.Generation(**g) for g in state["generations"]}
         run.gen_counter = state["gen_counter"]
-        if rank == 0:   # drop log lines of iterations after the checkpoint, then append from there
-            lines = open(os.path.join(args.out, "metrics.jsonl")).read().splitlines()
-            kept = [line for line in lines if json.loads(line)["step"] < start]
-            open(os.path.join(args.out, "metrics.jsonl"), "w").write("".join(line + "\n" for line in kept))
+    return run, start
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    local, device = setup_distributed()
+    if args.device and crl.world() == 1:
+        device = torch.device(args.device)
+    rank, world = crl.rank(), crl.world()
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+    # the run directory: a new run must not overwrite another; --resume continues it with its saved flags
+    if args.out is None:
+        stamp = crl.gather_objects(time.strftime("%Y%m%d-%H%M%S"))[0]
+        args.out = os.path.join("runs", f"{'+'.join(args.tasks)}-{args.mode}-{stamp}")
+    ckpt = os.path.join(args.out, "ckpt")
+    if args.resume:
+        if not os.path.exists(os.path.join(ckpt, "state.pt")):
+            sys.exit(f"error: --resume: no checkpoint in {ckpt}; run without --resume to start a new run")
+        saved = json.load(open(os.path.join(args.out, "args.json")))
+        for k, v in saved.items():
+            if k not in ("iters", "resume", "out", "device"):
+                setattr(args, k, v)
+    elif os.path.exists(os.path.join(args.out, "args.json")):
+        sys.exit(f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out")
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        if not args.resume:
+            json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"), indent=1)
+
+    run, start = build(args, device, dtype)
+    if args.resume and rank == 0:   # drop log lines of iterations after the checkpoint, then append from there
+        lines = open(os.path.join(args.out, "metrics.jsonl")).read().splitlines()
+        kept = [line for line in lines if json.loads(line)["step"] < start]
+        open(os.path.join(args.out, "metrics.jsonl"), "w").write("".join(line + "\n" for line in kept))
 
     log = open(os.path.join(args.out, "metrics.jsonl"), "a") if rank == 0 else None
     save_every = args.save_every or args.eval_every
@@ -216,8 +230,8 @@ def main(argv=None):
                 save_checkpoint(run, args.out, step, args)
             if world > 1:
                 dist.barrier()
-    if manager is not None:
-        manager.close()
+    if run.manager is not None:
+        run.manager.close()
     if rank == 0:
         print(f"done: {args.out}/metrics.jsonl, {args.out}/curve.png, checkpoint in {ckpt}")
     if world > 1:
@@ -226,20 +240,25 @@ def main(argv=None):
 
 
 def draw_curve(out: str):
-    """Success vs iteration: training rollouts (light) and held-out evaluation (bold), with and without
-    experience, per task."""
+    """Success vs iteration per task, with and without experience: held-out evaluation (bold, markers) and
+    training rollouts (thin, a moving average over 5 iterations: one iteration's groups are few and noisy)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    keys = sorted({k for r in rows for k in r if "/success_" in k})
-    if not keys:
+    series = sorted({k.split("/", 1)[1] for r in rows for k in r if "/success_" in k})   # e.g. room/success_exp
+    if not series:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    for k in keys:
-        pts = [(r["step"], r[k]) for r in rows if k in r]
-        style = dict(lw=2, marker="o", ms=3) if k.startswith("eval/") else dict(lw=1, alpha=0.5)
-        ax.plot(*zip(*pts), label=k, **style)
+    for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4, series):
+        train = [(r["step"], r["train/" + name]) for r in rows if "train/" + name in r]
+        if train:
+            steps, values = zip(*train)
+            smooth = [sum(values[max(0, i - 4):i + 1]) / len(values[max(0, i - 4):i + 1]) for i in range(len(values))]
+            ax.plot(steps, smooth, color=color, lw=1, alpha=0.6, label=f"train {name} (avg 5)")
+        evals = [(r["step"], r["eval/" + name]) for r in rows if "eval/" + name in r]
+        if evals:
+            ax.plot(*zip(*evals), color=color, lw=2, marker="o", ms=4, label=f"eval {name}")
     ax.set_xlabel("iteration")
     ax.set_ylabel("success rate")
     ax.set_ylim(-0.02, 1.02)

@@ -100,3 +100,12 @@ def test_parse_operations():
     assert ops == [] and bad == 0
     ops, bad = parse_operations("\n".join(f"ADD: lesson {i}" for i in range(5)), shown=0)
     assert [o[2] for o in ops] == ["lesson 0", "lesson 1", "lesson 2"] and bad == 0   # at most 3
+
+
+def test_windowed_episode_counts_as_one_sequence():
+    # an episode of 3 actor tokens split into two windows (2 + 1 tokens) weighs what the whole sequence
+    # weighs: each window divides by the episode's 3 tokens, and the two halves make one sequence
+    whole = aggregate(torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3, dtype=torch.bool), "seq-mean-token-mean")
+    windows = aggregate(torch.tensor([[1.0, 2.0], [3.0, 0.0]]), torch.tensor([[1, 1], [1, 0]], dtype=torch.bool),
+                        "seq-mean-token-mean", num_seqs=1.0, seq_tokens=torch.tensor([3.0, 3.0]))
+    assert whole.item() == pytest.approx(2.0) and windows.item() == pytest.approx(2.0)

@@ -15,7 +15,7 @@ from model import Transformer, generate, token_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
-        "--max-context", "2048", "--merge-every", "1", "--warmup", "0", "--distill-per-group", "2"]
+        "--max-context", "2048", "--merge-every", "1", "--warmup", "0", "--distill-per-group", "2", "--minibatches", "1"]
 
 
 def read_metrics(out):
@@ -61,7 +61,7 @@ def test_first_ratio_is_one_on_policy():
     cfg = crl.CRLConfig(mode="grpo", temperature=0.8, top_k=5, max_reply_tokens=16, max_context=4096)
     run = crl.CRL(cfg, ["room"], 2, 0, actor, load_tokenizer("tiny"), None, None, None, None, None)
     run.timer = {"generate": 0.0, "env": 0.0}
-    eps = crl.rollout(run, crl.episode_specs(run, 0)[:6], crl.seeded_generator(0, 0, 0, 1), cfg.temperature)
+    eps = crl.rollout(run, crl.episode_specs(run, 0)[:6], crl.seeded_generator("cpu", 0, 0, 0, 1), cfg.temperature)
     segs = [s for e in eps for s in e.segments]
     assert all(e.turns >= 1 for e in eps) and sum(sum(s.mask) for s in segs) > 6
     with torch.no_grad():
@@ -73,7 +73,7 @@ def test_first_ratio_is_one_on_policy():
 
 def test_resume_gives_the_same_metrics(tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    args = ["--tasks", "room", "--mode", "crl", *FAST]
+    args = ["--tasks", "room", "--mode", "crl", *FAST, "--minibatches", "2"]
     train.main([*args, "--iters", "2", "--out", full])
     train.main([*args, "--iters", "1", "--out", part])
     train.main([*args, "--iters", "2", "--out", part, "--resume"])

@@ -1,0 +1,507 @@
+"""Benchmarks: each prints our figure beside a reference measured in the same run, and their ratio.
+
+  python bench.py generate  model.generate vs transformers' generate, tokens/s (same random ~25M-param Qwen3
+                            checkpoint, sampling at temperature 1, every row forced to the full length); and a
+                            multi-turn session with the KV cache kept across turns vs re-prefilling the history
+  python bench.py train     token_logprobs forward + backward vs transformers' forward + log-softmax gather +
+                            backward: time, and peak memory (growth of peak RSS), each side in a fresh process
+  python bench.py bank      ExperienceBank.search p50/p99 (32 queries, 1k/20k/100k entries x 384-d) vs a numpy
+                            brute force on the same keys; search latency with vs without the background writer
+  python bench.py env       steps/s of envs.py's text wrappers vs the raw MiniHack gym env (same seeds and random
+                            actions: the ratio is the cost of the text); Sokoban steps/s (no reference)
+  python bench.py kernels   each Triton kernel vs its torch reference on the same inputs (CUDA only)
+  python bench.py step      seconds per crl.train_step on the tiny preset, mode crl vs mode grpo (same seeds and
+                            groups): the cost of co-evolving the extractor and the bank, split by phase
+
+`python bench.py SUBCOMMAND -h` lists its options.
+"""
+import argparse
+import json
+import os
+import random
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+
+
+def _timed(fn, cuda=False):
+    """(fn's result, wall seconds); with cuda=True the CUDA work fn queued is included."""
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t
+
+
+def _pct(seconds) -> tuple[float, float]:
+    """p50 and p99 in milliseconds."""
+    ms = np.asarray(seconds) * 1e3
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
+def _latency(fn, reps, warmup=3) -> tuple[float, float]:
+    """p50 and p99 (ms) of `reps` timed calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    return _pct([_timed(fn)[1] for _ in range(reps)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate / train: model.py against transformers on the same checkpoint
+
+BENCH_CONFIG = dict(architectures=["Qwen3ForCausalLM"], vocab_size=32000, hidden_size=384, intermediate_size=1024,
+                    num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+                    max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True,
+                    eos_token_id=None, bos_token_id=None, pad_token_id=0)
+
+
+def _checkpoint(path: str) -> str:
+    from model import Transformer
+    if not os.path.exists(os.path.join(path, "config.json")):
+        Transformer.tiny(seed=0, **BENCH_CONFIG).save_pretrained(path)
+    return path
+
+
+def _hf_model(path):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def bench_generate(a):
+    from model import Session, Transformer, generate
+    path = _checkpoint(a.ckpt)
+    ours, hf = Transformer.from_pretrained(path), _hf_model(path)
+    V = ours.config.vocab_size
+    print(f"checkpoint: Qwen3 {ours.num_params() / 1e6:.1f}M params, vocab {V}; torch threads "
+          f"{torch.get_num_threads()}")
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, V, (a.batch, a.prompt), generator=g)
+    generate(ours, prompts[:2, :8].tolist(), 4, seed=0)  # warm-up
+    with torch.no_grad():
+        hf.generate(prompts[:2, :8], attention_mask=torch.ones(2, 8, dtype=torch.long), max_new_tokens=4,
+                    do_sample=True, top_k=0)
+    out, t_ours = _timed(lambda: generate(ours, prompts.tolist(), a.new, temperature=1.0, seed=0))
+    assert all(len(s.tokens) == a.new for s in out)
+    with torch.no_grad():
+        ref, t_hf = _timed(lambda: hf.generate(prompts, attention_mask=torch.ones_like(prompts),
+                                               max_new_tokens=a.new, min_new_tokens=a.new, do_sample=True,
+                                               temperature=1.0, top_k=0, top_p=1.0))
+    assert ref.shape == (a.batch, a.prompt + a.new)
+    n = a.batch * a.new
+    print(f"generate  batch {a.batch} x prompt {a.prompt} + {a.new} sampled tokens (prefill included)")
+    print(f"  ours          {n / t_ours:9.1f} tok/s  ({t_ours:.2f} s)")
+    print(f"  transformers  {n / t_hf:9.1f} tok/s  ({t_hf:.2f} s)")
+    print(f"  ratio         {t_hf / t_ours:9.2f} x")
+
+    # multi-turn: KV reuse vs re-prefilling the whole history each turn (both with our generate)
+    B, T = a.session_batch, a.turns
+    obs = torch.randint(0, V, (T, B, a.obs), generator=g).tolist()
+    first = torch.randint(0, V, (B, a.session_prompt), generator=g).tolist()
+    sess = Session(ours, B, a.session_prompt + T * (a.obs + a.reply) + 1)
+    hist = [list(p) for p in first]
+    t_reuse, t_full = [], []
+    for turn in range(T):
+        new = first if turn == 0 else [obs[turn][b] for b in range(B)]
+        if turn:
+            for b in range(B):
+                hist[b] += obs[turn][b]
+        r, dt = _timed(lambda: generate(ours, new, a.reply, seed=turn, session=sess, rows=list(range(B))))
+        t_reuse.append(dt)
+        _, dt = _timed(lambda: generate(ours, hist, a.reply, seed=turn))
+        t_full.append(dt)
+        for b in range(B):
+            hist[b] += r[b].tokens
+    k = min(5, T)
+    print(f"session  {T} turns x {B} rows, {a.obs} new observation tokens + {a.reply} sampled per turn, "
+          f"final history {len(hist[0])} tokens")
+    for name, ts in (("KV reuse  ", t_reuse), ("re-prefill", t_full)):
+        print(f"  {name}    {sum(ts):7.2f} s total; first {k} turns {sum(ts[:k]) / k * 1e3:6.1f} ms/turn, "
+              f"last {k} {sum(ts[-k:]) / k * 1e3:6.1f} ms/turn")
+    print(f"  ratio         {sum(t_full) / sum(t_reuse):7.2f} x")
+
+
+def _train_one(a):
+    """One side of the train benchmark, in its own process (so the peaks don't mix): prints JSON
+    {seconds, peak_mb}."""
+    from model import Transformer, token_logprobs
+    torch.manual_seed(0)
+    model = Transformer.from_pretrained(a.ckpt) if a.side == "ours" else _hf_model(a.ckpt).train()
+    V = model.config.vocab_size
+    tokens = torch.randint(1, V, (a.batch, a.seq))
+    lengths = torch.randint(a.seq // 2, a.seq + 1, (a.batch,))
+    mask = torch.arange(a.seq)[None, :] < lengths[:, None]
+    tokens = tokens.masked_fill(~mask, 0)
+    mask[:, : a.seq // 8] = False  # a "prompt" part that is not scored
+
+    def ours_step():
+        token_logprobs(model, tokens, mask).sum().backward()
+
+    def hf_step():
+        logits = model(tokens).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, tokens[:, 1:, None])[..., 0]
+        (lp * mask[:, 1:]).sum().backward()
+
+    step = ours_step if a.side == "ours" else hf_step
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    _, dt = _timed(step)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    model.zero_grad(set_to_none=True)
+    _, dt2 = _timed(step)
+    print(json.dumps({"seconds": min(dt, dt2), "peak_mb": (peak - base) / 1024}))
+
+
+def bench_train(a):
+    path = _checkpoint(a.ckpt)
+    res = {}
+    for side in ("ours", "hf"):
+        cmd = [sys.executable, os.path.abspath(__file__), "_train_one", "--side", side, "--ckpt", path,
+               "--batch", str(a.batch), "--seq", str(a.seq), "--threads", str(a.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"{side} side failed:\n{out.stderr[-2000:]}")
+        res[side] = json.loads(out.stdout.strip().splitlines()[-1])
+    o, h = res["ours"], res["hf"]
+    print(f"train  log-probs forward + backward, batch {a.batch} x {a.seq} tokens (fp32, "
+          f"{a.threads} threads); memory = growth of peak RSS during the step")
+    print(f"  ours (token_logprobs)            {o['seconds']:7.2f} s   peak +{o['peak_mb']:8.1f} MB")
+    print(f"  transformers (logits + gather)   {h['seconds']:7.2f} s   peak +{h['peak_mb']:8.1f} MB")
+    print(f"  ratio (theirs / ours)            {h['seconds'] / o['seconds']:7.2f} x time, "
+          f"{h['peak_mb'] / max(o['peak_mb'], 1e-9):.2f} x memory")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bank: search latency against a numpy brute force; what a background writer costs concurrent readers
+
+def _filled(n, d, rng):
+    from bank import ExperienceBank
+    keys = rng.standard_normal((n, d)).astype(np.float32)
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    bank = ExperienceBank(d, capacity=max(n, 20000))
+    kt = torch.from_numpy(keys)
+    for i in range(n):
+        bank.add("room", f"lesson {i}", kt[i], source=i // 3, step=0)
+    return bank, keys
+
+
+def bench_search(sizes, d=384, nq=32, k=1, reps=100):
+    from bank import ExperienceBank
+    rng = np.random.default_rng(0)
+    print(f"search: {nq} queries x {d}-d, top-{k} after the diversity re-rank (bank scan dtype: "
+          f"{ExperienceBank(d).scan_dtype or torch.float32}, torch threads {torch.get_num_threads()})")
+    print(f"{'entries':>8} {'bank p50':>9} {'p99':>7} {'numpy p50':>10} {'p99':>7} {'numpy/bank':>11}")
+    for n in sizes:
+        bank, keys = _filled(n, d, rng)
+        q = rng.standard_normal((nq, d)).astype(np.float32)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        qt = torch.from_numpy(q)
+        c = min(n, 16)
+
+        def brute():  # the plain reference: exact scores, top-16 candidates per query, sorted
+            s = q @ keys.T
+            idx = np.argpartition(-s, c - 1, axis=1)[:, :c]
+            return np.take_along_axis(idx, np.argsort(-np.take_along_axis(s, idx, 1), axis=1), 1)
+        reps_n = reps if n <= 20000 else reps // 4
+        ours = _latency(lambda: bank.search("room", qt, k), reps_n)
+        ref = _latency(brute, reps_n)
+        print(f"{n:>8} {ours[0]:>7.2f}ms {ours[1]:>5.2f}ms {ref[0]:>8.2f}ms {ref[1]:>5.2f}ms "
+              f"{ref[0] / ours[0]:>10.2f}x")
+
+
+class _NoEmbed:
+    """The writer's keys are precomputed; this bench measures the bank, not the embedder."""
+    dim = 384
+
+    def __call__(self, texts):
+        raise RuntimeError("not used")
+
+
+def bench_writer_overhead(n=20000, d=384, readers=2, seconds=2.0, ops_per_job=3):
+    from bank import ExperienceManager, Operation
+    rng = np.random.default_rng(1)
+    bank, keys = _filled(n, d, rng)
+    pool = torch.from_numpy(keys[:512].copy())
+    q = torch.from_numpy(keys[512:544].copy())
+
+    def run_readers(stop):
+        lat = []
+
+        def reader():
+            mine = []
+            while not stop.is_set():
+                mine.append(_timed(lambda: bank.search("room", q, 1))[1])
+            lat.extend(mine)
+        threads = [threading.Thread(target=reader) for _ in range(readers)]
+        for t in threads:
+            t.start()
+        return threads, lat
+
+    stop = threading.Event()
+    threads, alone = run_readers(stop)
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+
+    mgr = ExperienceManager(bank, _NoEmbed())
+    stop, applied = threading.Event(), [0]
+    threads, with_writer = run_readers(stop)
+    t_end = time.perf_counter() + seconds
+    i = 0
+
+    def job(i):  # what one distillation produces: a few adds and a merge of recent entries
+        ops = [Operation("add", "room", f"new {i}.{j}", key=pool[(i + j) % 512], source=i, step=i)
+               for j in range(ops_per_job - 1)]
+        ops.append(Operation("update", "room", f"merged {i}", ids=(n + 2 * i - 2, n + 2 * i - 1),
+                             key=pool[i % 512], source=i, step=i))
+        applied[0] += len(ops)
+        return ops
+    while time.perf_counter() < t_end:
+        mgr.submit(job, i)
+        i += 1
+        time.sleep(0.001)   # ~1000 distillations/s: far more than an extractor produces
+    mgr.flush()
+    stop.set()
+    for t in threads:
+        t.join()
+    mgr.close()
+    a, w = _pct(alone), _pct(with_writer)
+    print(f"writer overhead: {readers} reader threads, {n} entries, 32 queries per search")
+    print(f"  searches alone:            p50 {a[0]:.2f}ms  p99 {a[1]:.2f}ms  ({len(alone) / seconds:.0f}/s)")
+    print(f"  with background writer:    p50 {w[0]:.2f}ms  p99 {w[1]:.2f}ms  ({len(with_writer) / seconds:.0f}/s), "
+          f"{applied[0] / seconds:.0f} ops/s applied")
+    print(f"  overhead: p50 x{w[0] / a[0]:.2f}, p99 x{w[1] / a[1]:.2f}")
+
+
+def bench_bank(a):
+    bench_search([int(s) for s in a.sizes.split(",")], reps=a.reps)
+    bench_writer_overhead(seconds=a.seconds)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# env: our text wrappers against the raw gym env they drive
+
+def _rate(reset, step, n_actions, steps, seed=0):
+    """Steps per second of random play over `steps` steps, resetting (untimed) whenever an episode ends."""
+    rng = random.Random(seed)
+    episode = 0
+    reset(episode)
+    spent = 0.0
+    for _ in range(steps):
+        action = rng.randrange(n_actions)
+        done, dt = _timed(lambda: step(action))
+        spent += dt
+        if done:
+            episode += 1
+            reset(episode)
+    return steps / spent
+
+
+def _minihack_rates(task, steps):
+    import envs
+    ours = envs.make(task, max_steps=10**6)
+    raw = envs.make_minihack_raw(task)  # same engine, same observation keys, no text
+
+    def raw_reset(seed):
+        envs.seed_minihack(raw, seed)
+        raw.reset()
+
+    def raw_step(i):
+        _, _, term, trunc, _ = raw.step(ours.action_index[ours.actions[i]])
+        return term or trunc
+
+    raw_rate = _rate(raw_reset, raw_step, len(ours.actions), steps)
+    our_rate = _rate(ours.reset, lambda i: ours.step(ours.actions[i])[2], len(ours.actions), steps)
+    return our_rate, raw_rate
+
+
+def bench_env(a):
+    import envs
+    print(f"env stepping, random actions, {a.steps} steps each (steps/s; higher is better)")
+    print(f"{'task':10s} {'ours':>10s} {'raw gym':>10s} {'ours/raw':>9s}")
+    for task in envs.MINIHACK:
+        ours, raw = _minihack_rates(task, a.steps)
+        print(f"{task:10s} {ours:10.0f} {raw:10.0f} {ours / raw:9.2f}")
+    soko = envs.make("sokoban", max_steps=10**6)
+    rate = _rate(soko.reset, lambda i: soko.step(soko.actions[i])[2], 4, a.steps)
+    _, gen = _timed(lambda: [soko.reset(10_000 + s) for s in range(50)])
+    print(f"{'sokoban':10s} {rate:10.0f} {'-':>10s} {'-':>9s}   (room generation {gen / 50 * 1e3:.1f} ms/reset)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# kernels: Triton against the torch references (CUDA only: on CPU Triton runs only in its interpreter)
+
+def bench_kernels(a):
+    if not torch.cuda.is_available():
+        print("bench kernels: skipped, the Triton kernels need a CUDA device (CPU runs use the torch references)")
+        return
+    from kernels.decode_attention import decode_attention_ref, decode_attention_triton
+    from kernels.logsoftmax import selective_log_softmax_ref, selective_log_softmax_triton
+    from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
+    from kernels.rope import apply_rope_ref, apply_rope_triton
+
+    def ms(fn, iters=50):  # mean per call; synchronised only around the whole batch of calls
+        fn()
+        return _timed(lambda: [fn() for _ in range(iters)], cuda=True)[1] / iters * 1e3
+
+    def peak_mib(fn):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        _timed(fn, cuda=True)
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    def row(name, ours, ref, unit="ms"):
+        print(f"{name:<44} triton {ours:9.3f} {unit}   torch {ref:9.3f} {unit}   ratio (torch/triton) "
+              f"{ref / ours:6.2f}x")
+
+    dev, bf = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    x, w = torch.randn(16 * 512, 1024, device=dev, dtype=bf), torch.randn(1024, device=dev, dtype=bf)
+    row("rmsnorm 8192 x 1024 bf16", ms(lambda: rmsnorm_triton(x, w, 1e-6)), ms(lambda: rmsnorm_ref(x, w, 1e-6)))
+    x = torch.randn(16, 512, 3 * 16, 64, device=dev, dtype=bf)[:, :, :16]
+    c, s = torch.randn(16, 512, 32, device=dev), torch.randn(16, 512, 32, device=dev)
+    row("rope [16, 512, 16, 64] bf16 view", ms(lambda: apply_rope_triton(x, c, s)),
+        ms(lambda: apply_rope_ref(x, c, s)))
+    kc = torch.randn(32, 8, 2048, 64, device=dev, dtype=bf)
+    vc = torch.randn_like(kc)
+    q = torch.randn(16, 16, 64, device=dev, dtype=bf)
+    rows = torch.randperm(32, device=dev)[:16]
+    lengths = torch.randint(1, 2049, (16,), device=dev)
+    row("decode attn B16 Hq16 Hkv8 L<=2048 D64 bf16", ms(lambda: decode_attention_triton(q, kc, vc, rows, lengths)),
+        ms(lambda: decode_attention_ref(q, kc, vc, rows, lengths)))
+    logits = torch.randn(4096, 151936, device=dev, dtype=bf, requires_grad=True)
+    t = torch.randint(0, 151936, (4096,), device=dev)
+
+    def fwd_bwd(fn):
+        return lambda: fn(logits, t).sum().backward()
+    row("selective log-softmax 4096 x 151936 fwd+bwd", ms(fwd_bwd(selective_log_softmax_triton), 10),
+        ms(fwd_bwd(selective_log_softmax_ref), 10))
+    logits.grad = None
+    ours = peak_mib(fwd_bwd(selective_log_softmax_triton))
+    logits.grad = None
+    ref = peak_mib(fwd_bwd(selective_log_softmax_ref))
+    row("  peak extra memory", ours, ref, unit="MiB")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# step: one training iteration with the extractor and bank (crl) against the actor alone (grpo)
+
+STEP_PARTS = ("generate", "env", "update", "extractor", "extractor_update")
+
+
+def bench_step(a):
+    """Builds each mode's run exactly as train.py does (same flags, seeds and groups), then times
+    crl.train_step. The actor's warm-up is 0 by default, so both modes update the actor every timed
+    iteration; the merge pass (every --merge-every iterations) only falls in runs of that many iterations."""
+    import crl
+    import train
+    argv = ["--tasks", a.tasks, "--groups", str(a.groups), "--group-size", str(a.group_size),
+            "--seed", str(a.seed), "--warmup", str(a.warmup), *shlex.split(a.extra)]
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    res = {}
+    for mode in ("crl", "grpo"):
+        args = train.parse_args([*argv, "--mode", mode])
+        dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+        run, _ = train.build(args, device, dtype)
+        rows = []
+        for step in range(a.iters):
+            metrics, dt = _timed(lambda: crl.train_step(run, step))
+            rows.append({"iteration": dt, **{p: metrics[f"time/{p}"] for p in STEP_PARTS}, "turns": metrics["turns"]})
+        if run.manager is not None:
+            run.manager.close()
+        res[mode] = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        res[mode]["bank size"] = metrics["bank_size"]
+    print(f"train_step, {args.actor} actor and extractor ({device}, {torch.get_num_threads()} threads), tasks "
+          f"{a.tasks}, {a.groups} groups x {a.group_size}, actor warm-up {a.warmup}: seconds per iteration, mean "
+          f"of {a.iters}\n(in one process the extractor distils in the background during the actor update, so "
+          f"parts may overlap; episode length, in mean turns, differs between the modes)")
+    cols = ("iteration", *STEP_PARTS, "turns")
+    w = {c: max(len(c), 7) + 2 for c in cols}
+    print(f"  {'':9s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
+    for mode in ("crl", "grpo"):
+        print(f"  {mode:9s}" + "".join(f"{res[mode][c]:{w[c]}.3f}" for c in cols) + f"  {res[mode]['bank size']:9d}")
+    ratio = {c: "-" if res["grpo"][c] == 0 else f"{res['crl'][c] / res['grpo'][c]:.2f}x" for c in cols}
+    print(f"  {'crl/grpo':9s}" + "".join(f"{ratio[c]:>{w[c]}s}" for c in cols))
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", metavar="{generate,train,bank,env,kernels,step}")
+
+    def model_parser(name, help, train_one=False):
+        s = sub.add_parser(name, help=help) if help else sub.add_parser(name)
+        s.add_argument("--ckpt", default=os.path.join(tempfile.gettempdir(), "crl_bench_qwen3_25m"),
+                       help="benchmark checkpoint directory (written on first use)")
+        s.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+        s.add_argument("--batch", type=int, default=16)
+        if name != "generate":
+            s.add_argument("--seq", type=int, default=512, help="sequence length")
+        if train_one:
+            s.add_argument("--side", choices=["ours", "hf"], default="ours")
+        return s
+
+    g = model_parser("generate", "model.generate vs transformers' generate; multi-turn KV reuse vs re-prefill")
+    g.add_argument("--prompt", type=int, default=256, help="prompt tokens")
+    g.add_argument("--new", type=int, default=128, help="sampled tokens")
+    g.add_argument("--turns", type=int, default=30, help="session turns")
+    g.add_argument("--session-batch", type=int, default=4)
+    g.add_argument("--session-prompt", type=int, default=64)
+    g.add_argument("--obs", type=int, default=16, help="observation tokens appended per turn")
+    g.add_argument("--reply", type=int, default=8, help="tokens sampled per turn")
+    model_parser("train", "token_logprobs fwd+bwd vs transformers' logits + gather: time and peak memory")
+    model_parser("_train_one", None, train_one=True)  # hidden: one side of `train`, in a fresh process
+
+    b = sub.add_parser("bank", help="bank search vs numpy brute force; background-writer overhead")
+    b.add_argument("--sizes", default="1000,20000,100000", help="comma-separated bank sizes")
+    b.add_argument("--reps", type=int, default=100, help="timed searches per size (a quarter above 20k)")
+    b.add_argument("--seconds", type=float, default=2.0, help="duration of each writer-overhead phase")
+    b.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave as is)")
+
+    e = sub.add_parser("env", help="text env steps/s vs the raw MiniHack env; Sokoban steps/s")
+    e.add_argument("--steps", type=int, default=2000, help="random-action steps per env")
+
+    sub.add_parser("kernels", help="Triton kernels vs torch references (CUDA only)")
+
+    s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset)")
+    s.add_argument("--tasks", default="room")
+    s.add_argument("--groups", type=int, default=2)
+    s.add_argument("--group-size", type=int, default=8)
+    s.add_argument("--iters", type=int, default=2, help="timed iterations per mode")
+    s.add_argument("--warmup", type=int, default=0, help="actor warm-up iterations (train.py's --warmup)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave as is)")
+    s.add_argument("--extra", default="", help="further train.py flags, e.g. \"--history 0 --actor CKPT_DIR\"")
+    args = p.parse_args(argv)
+    if args.what is None:
+        p.print_help()
+        p.exit(2)
+    if args.what == "step" and args.iters < 1:
+        p.error("step: --iters must be >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
+    {"generate": bench_generate, "train": bench_train, "_train_one": _train_one, "bank": bench_bank,
+     "env": bench_env, "kernels": bench_kernels, "step": bench_step}[args.what](args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
