@@ -624,7 +624,8 @@ def extractor_generate(crl, prompts: list[list[int]], tasks: list[str], generato
         if record and cfg.trains_extractor:
             crl.generations[gen_id] = Generation(gen_id, task, prompt, s.tokens, s.logprobs, s.allowed)
         ended = bool(s.tokens) and s.tokens[-1] == tok.eos_token_id
-        out.append((gen_id, tok.decode(s.tokens[:-1] if ended else s.tokens)))
+        # special tokens never enter a lesson: injected into a prompt they would break its chat format
+        out.append((gen_id, tok.decode(s.tokens[:-1] if ended else s.tokens, skip_special_tokens=True)))
     return out
 
 

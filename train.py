@@ -24,11 +24,12 @@ import envs
 from bank import Embedder, ExperienceBank, ExperienceManager
 from model import Transformer, load_tokenizer
 
-# The embedded default learns on a 2-core CPU in minutes; real checkpoints follow the authors' setup.
-TINY = dict(lr=1e-3, extractor_lr=1e-3, groups=4, group_size=8, warmup=2, history=1, max_reply_tokens=16,
-            max_context=4096, extractor_reply_tokens=48, episode_chars=600, distill_per_group=2,
-            extractor_batch=32, micro_batch=16, eval_episodes=32, eval_every=5, merge_every=5, iters=60,
-            minibatches=4)
+# The embedded default is sized for a 2-core CPU (about half a minute an iteration); real checkpoints follow
+# the authors' setup.
+TINY = dict(lr=1e-3, extractor_lr=1e-3, groups=4, group_size=8, warmup=2, history=None, max_reply_tokens=16,
+            max_context=6144, extractor_reply_tokens=48, episode_chars=600, distill_per_group=2,
+            extractor_batch=32, micro_batch=16, eval_episodes=32, eval_every=5, merge_every=5, iters=50,
+            minibatches=1)
 REAL = dict(lr=1e-6, extractor_lr=1e-6, groups=16, group_size=8, warmup=5, history=None, max_reply_tokens=512,
             max_context=16384, extractor_reply_tokens=1024, episode_chars=6000, distill_per_group=0,
             extractor_batch=64, micro_batch=4, eval_episodes=64, eval_every=10, merge_every=5, iters=512,

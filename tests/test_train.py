@@ -197,7 +197,7 @@ def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
     monkeypatch.setattr(crl, "generate", first_reply_asks)
     out = str(tmp_path / "run")
     run = train.main(["--tasks", "room", "--actor", actor_dir, "--extractor", extractor_dir, "--iters", "2",
-                      "--out", out, "--max-reply-tokens", "12", "--extractor-reply-tokens", "16", *FAST])
+                      "--out", out, "--max-reply-tokens", "40", "--extractor-reply-tokens", "16", *FAST])
     rows = read_metrics(out)
     assert rows[0]["asks"] == 4                         # the with-experience half of 2 groups of 4
     assert rows[0]["invalid_actions"] >= 2              # the others' <ask> is not an action
