@@ -56,6 +56,16 @@ def invalid_text(reply: str, actions) -> str:
     return f"Action not understood: {shown!r}. Valid actions: {', '.join(actions)}."
 
 
+def begin_step(env, reply: str) -> tuple[str | None, dict]:
+    """The start of every env's step(): refuse a finished episode, count the step (an invalid reply counts
+    too), parse the reply. Returns the action (None if invalid) and the info dict to fill in."""
+    if env.done:
+        raise ValueError("episode is over: call reset() before step()")
+    env.steps += 1
+    action = parse_action(reply, env.actions)
+    return action, {"success": False, "invalid": action is None, "steps": env.steps, "action": action}
+
+
 def _seed_from(rng: random.Random, seed) -> int:
     """The episode seed: the caller's when given, else the next one from the env's own generator."""
     if seed is None:
@@ -248,11 +258,7 @@ class MiniHackEnv:
         return tuple(int(v) for v in self.raw["blstats"][:2])
 
     def step(self, reply: str):
-        if self.done:
-            raise ValueError("episode is over: call reset() before step()")
-        self.steps += 1
-        action = parse_action(reply, self.actions)
-        info = {"success": False, "invalid": action is None, "steps": self.steps, "action": action}
+        action, info = begin_step(self, reply)
         if action is None:
             obs, reward, game_over = invalid_text(reply, self.actions), 0.0, False
         else:
@@ -442,11 +448,7 @@ class Sokoban:
         return self.render()
 
     def step(self, reply: str):
-        if self.done:
-            raise ValueError("episode is over: call reset() before step()")
-        self.steps += 1
-        action = parse_action(reply, self.actions)
-        info = {"success": False, "invalid": action is None, "steps": self.steps, "action": action}
+        action, info = begin_step(self, reply)
         if action is None:
             obs = invalid_text(reply, self.actions)
         else:
@@ -669,11 +671,7 @@ class ALFWorld:
         return " ".join(text.split()) + "\nAdmissible actions: " + ", ".join(self.actions) + "."
 
     def step(self, reply: str):
-        if self.done:
-            raise ValueError("episode is over: call reset() before step()")
-        self.steps += 1
-        action = parse_action(reply, self.actions)
-        info = {"success": False, "invalid": action is None, "steps": self.steps, "action": action}
+        action, info = begin_step(self, reply)
         if action is None:
             obs, over = invalid_text(reply, self.actions), False
         else:

@@ -11,7 +11,7 @@ import torch
 
 import crl
 import train
-from model import Transformer, generate, token_logprobs
+from model import Transformer, token_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
