@@ -42,6 +42,7 @@ class CRLConfig:
     retrieve_k: int = 1                   # entries injected into a with-experience prompt [code: top 1]
     free_text: bool = False               # actor replies free text with <answer>; else constrained to the actions
     history: int | None = None            # None: whole episode in context; h: only the last h turns (cheap tiny runs)
+    instructions: bool = True             # False: no task text in the prompt (tiny: it only dilutes the observation)
     max_reply_tokens: int = 256
     max_context: int = 8192
     max_asks: int = 2                     # search_and_ask calls per episode [code]
@@ -138,16 +139,19 @@ def seeded_generator(device, *parts: int) -> torch.Generator:
 # Prompts. The actor sees: system = task + actions + reply format (+ retrieved experience); each
 # observation is a user turn; its replies are assistant turns.
 
-def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool) -> str:
+def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool, instructions: bool = True
+                        ) -> str:
     """The env's instruction names the goal and the actions (ALFWorld lists its admissible commands in each
-    observation); we add the reply format and, for a with-experience episode, the retrieved lessons."""
-    lines = [env.instruction]
-    if free_text:
+    observation); we add the reply format and, for a with-experience episode, the retrieved lessons. Without
+    `instructions` (a model trained from scratch, whose reply is constrained to the actions anyway) only the
+    lessons remain, possibly nothing."""
+    lines = [env.instruction] if instructions else []
+    if instructions and free_text:
         lines.append("Think briefly if it helps, then give exactly one action as <answer>ACTION</answer>.")
         if can_ask:
             lines.append("Instead of acting you may consult the experience bank with <ask>QUESTION</ask> "
                          "(at most 2 times per episode).")
-    else:
+    elif instructions:
         lines.append("Reply with one action.")
     if experience:
         lines.append("Knowledge from earlier episodes:")
@@ -250,8 +254,8 @@ ASK_RE = re.compile(r"<ask>(.*?)</ask>", re.S)
 
 
 def window_messages(system: str, history: list, obs: str, h: int) -> list[dict]:
-    """System prompt, the last h (observation, reply) turns, and the new observation."""
-    msgs = [{"role": "system", "content": system}]
+    """System prompt (if any), the last h (observation, reply) turns, and the new observation."""
+    msgs = [{"role": "system", "content": system}] if system else []
     for o, r in (history[-h:] if h else []):
         msgs += [{"role": "user", "content": o}, {"role": "assistant", "content": r}]
     return msgs + [{"role": "user", "content": obs}]
@@ -273,7 +277,7 @@ def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: fl
         e.transcript.append(("environment", o))
     if cfg.uses_bank:
         retrieve(crl, [e for e in eps if e.with_exp], train=train)
-    systems = [actor_system_prompt(env, e.experience, cfg.free_text, e.with_exp and cfg.uses_bank)
+    systems = [actor_system_prompt(env, e.experience, cfg.free_text, e.with_exp and cfg.uses_bank, cfg.instructions)
                for env, e in zip(games, eps)]
     pending = [encode_chat(tok, window_messages(s, [], o, 0)) for s, o in zip(systems, obs)]
     history = [[] for _ in eps]   # (observation, reply) pairs
@@ -426,6 +430,20 @@ def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float 
     return aggregate(per_token, mask, agg, **denoms)
 
 
+def pad_segments(segments: list[Segment], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded [B, T] tokens, actor-token mask and sampler log-probs."""
+    T = max(len(s.tokens) for s in segments)
+    tokens = torch.zeros(len(segments), T, dtype=torch.long)
+    mask = torch.zeros(len(segments), T, dtype=torch.bool)
+    old = torch.zeros(len(segments), T)
+    for b, s in enumerate(segments):
+        tokens[b, :len(s.tokens)] = torch.tensor(s.tokens)
+        mask[b, :len(s.mask)] = torch.tensor(s.mask)
+        old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    mask[:, 0] = False   # the first token has no prediction
+    return tokens.to(device), mask.to(device), old.to(device)
+
+
 def policy_update(crl, model, opt, segments: list[Segment], advantages: list[float], objective: str,
                   temperature: float, minibatches: int = 1) -> dict:
     """One epoch over the batch in `minibatches` optimizer steps (PPO mini-batches: after the first step the
@@ -462,17 +480,7 @@ def optimizer_step(crl, model, opt, segments: list[Segment], advantages: list[fl
     device = next(model.parameters()).device
     for start in range(0, len(order), cfg.micro_batch):
         idx = order[start:start + cfg.micro_batch]
-        T = max(len(segments[j].tokens) for j in idx)
-        tokens = torch.zeros(len(idx), T, dtype=torch.long)
-        mask = torch.zeros(len(idx), T, dtype=torch.bool)
-        old = torch.zeros(len(idx), T)
-        for b, j in enumerate(idx):
-            s = segments[j]
-            tokens[b, :len(s.tokens)] = torch.tensor(s.tokens)
-            mask[b, :len(s.mask)] = torch.tensor(s.mask)
-            old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
-        mask[:, 0] = False
-        tokens, mask, old = tokens.to(device), mask.to(device), old.to(device)
+        tokens, mask, old = pad_segments([segments[j] for j in idx], device)
         adv = torch.tensor([advantages[j] for j in idx], device=device)
         seq_tokens = torch.tensor([float(segments[j].episode_tokens or max(sum(segments[j].mask), 1)) for j in idx],
                                   device=device)
