@@ -192,7 +192,8 @@ def main(argv=None):
         for k, v in saved.items():
             if k not in ("iters", "resume", "out", "device"):
                 setattr(args, k, v)
-    elif os.path.exists(os.path.join(args.out, "args.json")):
+    elif crl.gather_objects(os.path.exists(os.path.join(args.out, "args.json")))[0]:
+        # rank 0's answer for every rank (collected before rank 0 writes args.json below): no race under DDP
         sys.exit(f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out")
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
