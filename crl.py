@@ -286,13 +286,18 @@ def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: fl
         e.segments[-1].extend(p)
 
     session = Session(crl.actor, max_batch=len(eps), max_len=cfg.max_context)
+
+    def fits(i) -> bool:
+        """Room for row i's pending tokens and a reply; if not, the episode ends as a failure."""
+        if session.length(i) + len(pending[i]) + cfg.max_reply_tokens <= cfg.max_context:
+            return True
+        eps[i].truncated, eps[i].success = True, False
+        eps[i].reward = getattr(games[i], "failure_reward", 0.0)
+        session.release([i])
+        return False
+
     done = [False] * len(eps)
-    live = []
-    for i, e in enumerate(eps):
-        if len(pending[i]) + cfg.max_reply_tokens > cfg.max_context:   # the first prompt alone is too long
-            e.truncated, e.reward, done[i] = True, getattr(games[i], "failure_reward", 0.0), True
-        else:
-            live.append(i)
+    live = [i for i in range(len(eps)) if fits(i)]
     while live:
         # 1. one batched generate call for every live episode
         cons = None if cfg.free_text else [Constraint.from_strings(tok, games[i].actions) for i in live]
@@ -342,12 +347,10 @@ def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: fl
             else:
                 session.release([i])
                 pending[i] = encode_chat(tok, window_messages(systems[i], history[i], obs[i], cfg.history))
-                e.segments.append(Segment())
-            if session.length(i) + len(pending[i]) + cfg.max_reply_tokens > cfg.max_context:
-                e.truncated, e.success = True, False      # out of context: ends as a failure
-                e.reward = getattr(games[i], "failure_reward", 0.0)
-                session.release([i])
+            if not fits(i):
                 continue
+            if cfg.history is not None:
+                e.segments.append(Segment())   # only now: a truncated episode leaves no empty segment
             e.segments[-1].extend(pending[i])
             still.append(i)
         live = still
