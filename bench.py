@@ -413,7 +413,7 @@ def bench_step(a):
     res = {}
     for mode in ("crl", "grpo"):
         args = train.parse_args([*argv, "--mode", mode])
-        dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+        dtype = train.model_dtype(args, device)
         run, _ = train.build(args, device, dtype)
         rows = []
         for step in range(a.iters):

@@ -93,6 +93,11 @@ def setup_distributed():
     return local, torch.device("cpu")
 
 
+def model_dtype(args, device) -> torch.dtype:
+    """--dtype, else bf16 on CUDA and fp32 on CPU."""
+    return getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+
+
 def load_model(spec: str, seed: int, device, dtype):
     if spec == "tiny":
         return Transformer.tiny(seed=seed).to(device=device, dtype=dtype), load_tokenizer("tiny")
@@ -178,7 +183,7 @@ def main(argv=None):
     if args.device and crl.world() == 1:
         device = torch.device(args.device)
     rank, world = crl.rank(), crl.world()
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = model_dtype(args, device)
 
     # the run directory: a new run must not overwrite another; --resume continues it with its saved flags
     if args.out is None:
