@@ -96,8 +96,16 @@ def test_bad_input_is_one_clear_line(tmp_path):
     assert "no checkpoint" in run("--out", str(tmp_path / "c"), "--resume")
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _torchrun(*argv, timeout=600):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+    # a fresh port per launch: reusing one fixed port right after the previous launch can fail to bind
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
            os.path.join(ROOT, "tests", "ddp_worker.py"), *argv]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
