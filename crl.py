@@ -43,6 +43,7 @@ class CRLConfig:
     free_text: bool = False               # actor replies free text with <answer>; else constrained to the actions
     history: int | None = None            # None: whole episode in context; h: only the last h turns (cheap tiny runs)
     instructions: bool = True             # False: no task text in the prompt (tiny: it only dilutes the observation)
+    show_map: bool = True                 # False: MiniHack observations without the character map (tiny reads faster)
     max_reply_tokens: int = 256
     max_context: int = 8192
     max_asks: int = 2                     # search_and_ask calls per episode [code]
@@ -144,7 +145,7 @@ def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bo
     """The env's instruction names the goal and the actions (ALFWorld lists its admissible commands in each
     observation); we add the reply format and, for a with-experience episode, the retrieved lessons. Without
     `instructions` (a model trained from scratch, whose reply is constrained to the actions anyway) only the
-    lessons remain, possibly nothing."""
+    numbered lessons remain, possibly nothing: every constant token dilutes what a tiny model attends to."""
     lines = [env.instruction] if instructions else []
     if instructions and free_text:
         lines.append("Think briefly if it helps, then give exactly one action as <answer>ACTION</answer>.")
@@ -154,7 +155,7 @@ def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bo
     elif instructions:
         lines.append("Reply with one action.")
     if experience:
-        lines.append("Knowledge from earlier episodes:")
+        lines += ["Knowledge from earlier episodes:"] if instructions else []
         lines += [f"{i + 1}. {text}" for i, text in enumerate(experience)]
     return "\n".join(lines)
 
@@ -237,14 +238,17 @@ class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
     ALFWorld games from its held-out split (valid_unseen), training from train."""
 
-    def __init__(self):
+    def __init__(self, show_map: bool = True):
         self.free: dict[tuple, list] = {}
+        self.show_map = show_map
 
     def take(self, task, train=True):
         key = (task, train)
         if self.free.get(key):
             return self.free[key].pop()
-        return envs.make(task, split="train" if train else "valid_unseen") if task == "alfworld" else envs.make(task)
+        if task == "alfworld":
+            return envs.make(task, split="train" if train else "valid_unseen")
+        return envs.make(task, show_map=self.show_map) if task in envs.MINIHACK else envs.make(task)
 
     def give(self, task, train, env):
         self.free.setdefault((task, train), []).append(env)
@@ -783,12 +787,15 @@ class CRL:
     extractor_tok: object
     extractor_opt: torch.optim.Optimizer | None
     manager: object | None
-    pool: EnvPool = field(default_factory=EnvPool)
+    pool: EnvPool | None = None
     generations: dict = field(default_factory=dict)
     gen_counter: int = 0
     counters: dict = field(default_factory=dict)
     timer: dict = field(default_factory=dict)
     max_generations: int = 4096  # unrewarded generations kept (oldest dropped): NONE outputs never earn credit
+
+    def __post_init__(self):
+        self.pool = self.pool or EnvPool(self.cfg.show_map)
 
 
 def episode_specs(crl, step: int) -> list[tuple]:
@@ -842,8 +849,8 @@ def train_step(crl, step: int) -> dict:
                 crl.manager.record_use(ids, success)
         credit_generations(crl, eps)
 
-    # 5. distil episodes into bank operations: in the background while the actor trains (one process), or
-    # gathered and applied in rank order (DDP), so every replica stays identical
+    # 5. distil episodes into bank operations: in the background while the actor trains (one GPU process), or
+    # inline (CPU; DDP, gathered and applied in rank order so every replica stays identical)
     if cfg.uses_bank:
         chosen = eps
         if cfg.distill_per_group:

@@ -132,12 +132,38 @@ def test_minihack_observation_text(mh, task):
             r, c = min(where.tolist(), key=lambda rc: (max(abs(rc[0] - mid), abs(rc[1] - mid)),
                                                       abs(rc[0] - mid) + abs(rc[1] - mid)))
             dx, dy = c - mid, r - mid
+            n = min(abs(dx), abs(dy))  # diagonal moves first, then the straight rest
             expect = ", ".join(p for p in (
-                f"{abs(dx)} {'east' if dx > 0 else 'west'}" if dx else "",
-                f"{abs(dy)} {'south' if dy > 0 else 'north'}" if dy else "") if p)
+                f"{n} {'south' if dy > 0 else 'north'}{'east' if dx > 0 else 'west'}" if n else "",
+                f"{abs(dx) - n} {'east' if dx > 0 else 'west'}" if abs(dx) > n else "",
+                f"{abs(dy) - n} {'south' if dy > 0 else 'north'}" if abs(dy) > n else "") if p)
             assert line.split(": ")[1].split("; ")[0] == expect
         assert len(obs) < (350 if task == "river" else 250), obs
     assert saw_thing or task == "room"
+
+
+@pytest.mark.parametrize("task", ["room", "keyroom"])
+def test_minihack_without_map_is_the_full_view_less_map_and_legend(mh, task):
+    """show_map=False (the tiny preset's view) plays the same game and shows exactly the position and
+    message lines of the full view, which the test above checks against the raw crop."""
+    full, _ = mh[task]
+    bare = envs.make(task, show_map=False)
+    rng = random.Random(7)
+    seen = set()
+    for seed in range(4):
+        a, b = full.reset(seed), bare.reset(seed)
+        for _ in range(30):
+            lines = a.split("\n")
+            k = next((i for i, line in enumerate(lines) if line.startswith("legend: ")), -1)
+            assert b == ("\n".join(lines[k + 1:]) or "(nothing notable in view)")
+            assert "legend" not in b and "@" not in b
+            seen.add(b.split(":")[0].split(" (")[0])
+            action = rng.choice(full.actions)
+            (a, _, done, info), (b, _, done_b, info_b) = full.step(action), bare.step(action)
+            assert (done, info["pos"], info["success"]) == (done_b, info_b["pos"], info_b["success"])
+            if done:
+                break
+    assert {"room": {"stairs down", "message"}, "keyroom": {"key", "closed door"}}[task] <= seen
 
 
 @pytest.mark.parametrize("task", ["room", "maze", "keyroom"])

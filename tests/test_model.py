@@ -115,9 +115,11 @@ def test_tiny_is_a_valid_qwen3_checkpoint(tmp_path):
     tok = ByteTokenizer()
     assert m.config.vocab_size == len(tok) and m.config.eos_token_ids == [tok.eos_token_id]
     assert 0.5e6 < m.num_params() < 2e6
-    w = m.layers[0].mlp.up_proj.weight
-    w = w.detach()
-    assert abs(float(w.std()) - 0.02) < 0.002 and abs(float(w.mean())) < 0.002
+    w = m.layers[0].mlp.up_proj.weight.detach()
+    assert abs(float(w.std()) - 128 ** -0.5) < 0.005 and abs(float(w.mean())) < 0.005
+    x = torch.tensor([tok.encode("stairs down (>): 1 south<|im_end|>\n<|im_start|>assistant\n")])
+    with torch.no_grad():  # the near-zero head: the first policy is near uniform over any allowed tokens
+        assert m(x).float().abs().max() < 0.1
     assert torch.equal(Transformer.tiny(seed=3).lm_head.weight, m.lm_head.weight)
     assert not torch.equal(Transformer.tiny(seed=4).lm_head.weight, m.lm_head.weight)
     m.save_pretrained(tmp_path)
@@ -134,7 +136,7 @@ def test_tiny_is_a_valid_qwen3_checkpoint(tmp_path):
 
 
 def test_from_pretrained_dtype(tmp_path):
-    Transformer.tiny().save_pretrained(tmp_path)
+    Transformer.tiny(tie_word_embeddings=True).save_pretrained(tmp_path)
     m = Transformer.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert m.lm_head.weight.dtype == torch.bfloat16 and m.lm_head.weight is m.embed_tokens.weight
     assert m(torch.tensor([[1, 2, 3]])).dtype == torch.bfloat16
