@@ -250,6 +250,7 @@ def main(argv=None):
     if rank == 0:
         print(f"done: {args.out}/metrics.jsonl, {args.out}/curve.png, checkpoint in {ckpt}")
     if world > 1:
+        dist.barrier()  # leave together: gloo can abort a rank whose peer is still finishing its last write
         dist.destroy_process_group()
     return run
 

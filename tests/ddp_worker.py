@@ -33,4 +33,5 @@ else:
                       [segs[i] for i in mine], [advs[i] for i in mine], sys.argv[3], 1.0)
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(sys.argv[2], "update.pt"))
+    dist.barrier()  # tear down together: a rank leaving while the other still saves once aborted in gloo
     dist.destroy_process_group()
