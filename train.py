@@ -24,8 +24,8 @@ import envs
 from bank import Embedder, ExperienceBank, ExperienceManager
 from model import Transformer, load_tokenizer
 
-# The embedded default is sized for a 2-core CPU (about half a minute an iteration); real checkpoints follow
-# the authors' setup.
+# The embedded default is sized for a 2-core CPU (about 11 s an iteration, 30 minutes a run); real
+# checkpoints follow the authors' setup.
 TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, group_size=8, warmup=2, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
             extractor_batch=32, micro_batch=16, eval_episodes=64, eval_every=30, merge_every=5, iters=150,

@@ -15,7 +15,7 @@ from model import Transformer, token_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
-        "--max-context", "2048", "--merge-every", "1", "--warmup", "0", "--distill-per-group", "2", "--minibatches", "1"]
+        "--max-context", "2048", "--merge-every", "1", "--warmup", "0", "--distill-per-group", "2"]
 
 
 def read_metrics(out):
