@@ -108,7 +108,7 @@ def _torchrun(*argv, timeout=600):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
            os.path.join(ROOT, "tests", "ddp_worker.py"), *argv]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
 
 
