@@ -44,6 +44,7 @@ class CRLConfig:
     history: int | None = None            # None: whole episode in context; h: only the last h turns (cheap tiny runs)
     instructions: bool = True             # False: no task text in the prompt (tiny: it only dilutes the observation)
     show_map: bool = True                 # False: MiniHack observations without the character map (tiny reads faster)
+    max_steps: int = envs.MAX_STEPS       # actions per episode (the paper: 30); the tiny preset uses fewer
     max_reply_tokens: int = 256
     max_context: int = 8192
     max_asks: int = 2                     # search_and_ask calls per episode [code]
@@ -238,17 +239,19 @@ class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
     ALFWorld games from its held-out split (valid_unseen), training from train."""
 
-    def __init__(self, show_map: bool = True):
+    def __init__(self, show_map: bool = True, max_steps: int = envs.MAX_STEPS):
         self.free: dict[tuple, list] = {}
-        self.show_map = show_map
+        self.show_map, self.max_steps = show_map, max_steps
 
     def take(self, task, train=True):
         key = (task, train)
         if self.free.get(key):
             return self.free[key].pop()
         if task == "alfworld":
-            return envs.make(task, split="train" if train else "valid_unseen")
-        return envs.make(task, show_map=self.show_map) if task in envs.MINIHACK else envs.make(task)
+            return envs.make(task, split="train" if train else "valid_unseen", max_steps=self.max_steps)
+        if task in envs.MINIHACK:
+            return envs.make(task, show_map=self.show_map, max_steps=self.max_steps)
+        return envs.make(task, max_steps=self.max_steps)
 
     def give(self, task, train, env):
         self.free.setdefault((task, train), []).append(env)
@@ -795,7 +798,7 @@ class CRL:
     max_generations: int = 4096  # unrewarded generations kept (oldest dropped): NONE outputs never earn credit
 
     def __post_init__(self):
-        self.pool = self.pool or EnvPool(self.cfg.show_map)
+        self.pool = self.pool or EnvPool(self.cfg.show_map, self.cfg.max_steps)
 
 
 def episode_specs(crl, step: int) -> list[tuple]:

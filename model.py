@@ -793,8 +793,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
     samples = [Sample([], [], "length", []) for _ in range(n)]
     active = list(range(n))                           # sample indices still generating, aligned with `logits`
     logits = session.prefill(rows, new)
-    all_rows = torch.tensor(rows, device=model.device)
-    for step in range(max_new_tokens):
+    unfed = [[] for _ in range(n)]                    # tokens of each sample not yet fed to the model
+    while active:
         entries = [(j, [t for t in nodes[i] if t != _END]) for j, i in enumerate(active) if nodes[i] is not None]
         allow = _allow_mask(len(active), V, entries, logits.device)
         z = filter_logits(logits, temperature, top_k, top_p, allow)
@@ -808,9 +808,18 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
             s.tokens.append(t)
             s.logprobs.append(lp[j])
             s.allowed.append(allowed.get(j))
+            unfed[i] = [t]
             done = False
             if nodes[i] is not None:
                 nodes[i] = nodes[i][t]
+                # jump-forward: a token the constraint forces is appended without a sampling step (its
+                # log-prob under the masked distribution is exactly 0) and fed with the others in one chunk
+                while _END not in nodes[i] and len(nodes[i]) == 1 and len(s.tokens) < max_new_tokens:
+                    (f, nodes[i]), = nodes[i].items()
+                    s.tokens.append(f)
+                    s.logprobs.append(0.0)
+                    s.allowed.append([f])
+                    unfed[i].append(f)
                 if _END in nodes[i]:  # a completion is complete
                     nodes[i] = None
                     done = not free_after[i]
@@ -820,15 +829,19 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
                 s.finish_reason = "stop"
             elif len(s.tokens) < max_new_tokens:
                 keep.append(j)
-        if not keep:
+        active = [active[j] for j in keep]            # finished rows leave the decode batch
+        if not active:
             break
-        if len(keep) < len(active):  # finished rows leave the decode batch
-            keep_t = torch.tensor(keep, device=tok.device)
-            tok = tok[keep_t]
-            active = [active[j] for j in keep]
-        logits = session.decode(all_rows[torch.tensor(active, device=model.device)], tok)
-    for r, s in zip(rows, samples):
-        session.pending[r] = [s.tokens[-1]]  # sampled but not yet fed: part of the history, prefilled next call
+        feed = [unfed[i] for i in active]
+        if all(len(x) == 1 for x in feed):
+            logits = session.decode(torch.tensor([rows[i] for i in active], device=model.device),
+                                    torch.tensor([x[0] for x in feed], device=model.device))
+        else:                                         # some rows jumped forward: one ragged chunk call
+            logits = session.prefill([rows[i] for i in active], feed)
+        for i in active:
+            unfed[i] = []
+    for i, r in enumerate(rows):
+        session.pending[r] = unfed[i]  # sampled but not yet fed: part of the history, prefilled next call
     return samples
 
 

@@ -24,16 +24,16 @@ import envs
 from bank import Embedder, ExperienceBank, ExperienceManager
 from model import Transformer, load_tokenizer
 
-# The embedded default is sized for a 2-core CPU (about 11 s an iteration, 30 minutes a run); real
+# The embedded default is sized for a 2-core CPU (about 5 s an iteration, under 30 minutes a run); real
 # checkpoints follow the authors' setup.
 TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, group_size=8, warmup=2, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
-            extractor_batch=32, micro_batch=16, eval_episodes=64, eval_every=30, merge_every=5, iters=150,
-            minibatches=1, instructions=False, map=False)
+            extractor_batch=32, micro_batch=16, eval_episodes=64, eval_every=30, merge_every=5, iters=300,
+            minibatches=1, instructions=False, map=False, max_steps=10)
 REAL = dict(lr=1e-6, extractor_lr=1e-6, groups=16, group_size=8, warmup=5, history=None, max_reply_tokens=512,
             max_context=16384, extractor_reply_tokens=1024, episode_chars=6000, distill_per_group=0,
             extractor_batch=64, micro_batch=4, eval_episodes=64, eval_every=10, merge_every=5, iters=512,
-            minibatches=1, instructions=True, map=True)
+            minibatches=1, instructions=True, map=True, max_steps=envs.MAX_STEPS)
 
 
 def parse_args(argv=None):
@@ -60,7 +60,7 @@ def parse_args(argv=None):
     # preset-dependent (None = the tiny or the real default)
     for name in ["iters", "groups", "group_size", "warmup", "history", "max_reply_tokens", "max_context",
                  "extractor_reply_tokens", "episode_chars", "distill_per_group", "extractor_batch",
-                 "micro_batch", "eval_episodes", "eval_every", "merge_every", "minibatches"]:
+                 "micro_batch", "eval_episodes", "eval_every", "merge_every", "minibatches", "max_steps"]:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--extractor-lr", type=float, default=None)
@@ -77,6 +77,8 @@ def parse_args(argv=None):
     unknown = [t for t in args.tasks if t not in envs.TASKS]
     if unknown or not args.tasks:
         p.error(f"unknown task {', '.join(unknown) or '(none)'}; choose from: {', '.join(envs.TASKS)}")
+    if args.max_steps < 1:
+        p.error("--max-steps must be >= 1 (actions per episode)")
     if args.group_size < 2 or args.group_size % 2:
         p.error("--group-size must be an even number >= 2 (half the group plays without experience)")
     return args
@@ -147,7 +149,7 @@ def build(args, device, dtype) -> tuple[crl.CRL, int]:
     cfg = crl.CRLConfig(
         mode=args.mode, group_size=args.group_size, temperature=args.temperature, eval_temperature=args.temperature,
         warmup=args.warmup, free_text=args.free_text, history=args.history, instructions=args.instructions,
-        show_map=args.map,
+        show_map=args.map, max_steps=args.max_steps,
         max_reply_tokens=args.max_reply_tokens, max_context=args.max_context,
         extractor_free_text=args.extractor != "tiny", extractor_reply_tokens=args.extractor_reply_tokens,
         episode_chars=args.episode_chars, distill_per_group=args.distill_per_group,

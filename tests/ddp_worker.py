@@ -35,3 +35,9 @@ else:
         torch.save(model.state_dict(), os.path.join(sys.argv[2], "update.pt"))
     dist.barrier()  # tear down together: a rank leaving while the other still saves once aborted in gloo
     dist.destroy_process_group()
+    # Rank 1 died in 2 of 5 CI runs with SIGABRT ("terminate called without an active exception", no Python
+    # traceback), never in 50 local launches. Gloo's threads at interpreter teardown are the known source of
+    # that message, so this skips the teardown; if it comes back, the test prints every thread's stack.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -236,6 +236,39 @@ def test_constraint_outputs_are_allowed_completions(tiny):
         generate(tiny, [prompt], 4, constraint=[Constraint([])])
 
 
+def test_jump_forward_skips_sampling_of_forced_tokens(tiny, monkeypatch):
+    """After 'n' the constraint forces "orth": those tokens are appended with log-prob 0 and fed in one chunk,
+    and a reply whose rest is forced ("east<eos>" after 'e') ends without another model call."""
+    tok = ByteTokenizer()
+    c = Constraint.from_strings(tok, ["northeast", "northwest", "east"])
+    calls = []
+    real_prefill, real_decode = Session.prefill, Session.decode
+    monkeypatch.setattr(Session, "prefill", lambda self, r, new: calls.append([len(x) for x in new]) or
+                        real_prefill(self, r, new))
+    monkeypatch.setattr(Session, "decode", lambda self, r, t: calls.append([1] * len(r)) or real_decode(self, r, t))
+    prompt = tok.encode("<|im_start|>assistant\n")
+    sess = Session(tiny, 16, 64)
+    out = generate(tiny, [prompt] * 16, 16, temperature=2.0, constraint=[c] * 16, seed=3, session=sess,
+                   rows=list(range(16)))
+    north = [s for s in out if s.tokens[0] == ord("n")]
+    assert 0 < len(north) < 16
+    # the prompt, then one chunk "north" for the rows that drew 'n'; nothing else
+    assert calls == [[len(prompt)] * 16, [5] * len(north)]
+    for s in out:
+        text = tok.decode(s.tokens[:-1])
+        sampled = [0, 5] if text.startswith("north") else [0]  # the only branch points of the trie
+        assert [j for j, lp in enumerate(s.logprobs) if lp != 0.0] == sampled
+        assert all(s.allowed[j] == [s.tokens[j]] for j in range(len(s.tokens)) if j not in sampled)
+    # the session holds every reply token (the unfed forced tail is pending) and continues like a one-shot
+    monkeypatch.undo()
+    nxt = tok.encode("<|im_start|>user\nok<|im_end|>\n")
+    cont = generate(tiny, [nxt] * 16, 6, temperature=0, session=sess, rows=list(range(16)))
+    for r, (s, c2) in enumerate(zip(out, cont)):
+        assert sess.length(r) == len(prompt) + len(s.tokens) + len(nxt) + len(c2.tokens)
+        one = generate(tiny, [prompt + s.tokens + nxt], 6, temperature=0)[0]
+        assert c2.tokens == one.tokens and np.allclose(c2.logprobs, one.logprobs, atol=1e-4)
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 5, 1.0), (1.0, 0, 0.7), (0.6, 8, 0.9)])
 def test_top_k_top_p_match_expected_distribution(tmp_path, temperature, top_k, top_p):
     """Many one-token samples of one prompt vs the truncated distribution computed by hand from

@@ -15,7 +15,7 @@ from model import Transformer, token_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
-        "--max-context", "2048", "--merge-every", "1", "--warmup", "0", "--distill-per-group", "2"]
+        "--max-context", "2048", "--merge-every", "1", "--warmup", "0", "--distill-per-group", "2", "--max-steps", "3"]
 
 
 def read_metrics(out):
@@ -34,7 +34,7 @@ def test_two_iterations_every_mode(tmp_path, mode):
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
         assert 0.0 <= r["train/room/success_noexp"] <= 1.0 and "eval/room/success_noexp" in r
-        assert r["time/generate"] > 0 and r["turns"] >= 1
+        assert r["time/generate"] > 0 and 1 <= r["turns"] <= 3   # --max-steps 3 reaches every env
         assert ("train/room/success_exp" in r) == (mode != "grpo")
     assert os.path.exists(os.path.join(out, "curve.png"))
     ckpt = os.path.join(out, "ckpt")
