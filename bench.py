@@ -131,6 +131,34 @@ def bench_generate(a):
               f"last {k} {sum(ts[-k:]) / k * 1e3:6.1f} ms/turn")
     print(f"  ratio         {sum(t_full) / sum(t_reuse):7.2f} x")
 
+    # constrained replies (the tiny actor's move words in bytes): jump-forward feeds forced bytes in chunks;
+    # transformers' prefix_allowed_tokens_fn walks the same trie one sampled token at a time
+    from model import ByteTokenizer, Constraint
+    moves = ["north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest"]
+    eos = V - 1
+    c = Constraint([list(ByteTokenizer().encode(m)) + [eos] for m in moves])
+    trie = c.trie()
+    short = prompts[:, :64]  # an actor turn's prompt is short: the reply's decode steps dominate
+
+    def allowed_hf(b, ids):
+        node = trie
+        for t in ids[short.shape[1]:].tolist():
+            node = node.get(t, {})
+        return [t for t in node if t >= 0] or [eos]
+
+    out, t_ours = _timed(lambda: generate(ours, short.tolist(), 16, constraint=[c] * a.batch, seed=0))
+    with torch.no_grad():
+        ref, t_hf = _timed(lambda: hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=16,
+                                               do_sample=True, top_k=0, eos_token_id=eos, pad_token_id=eos,
+                                               prefix_allowed_tokens_fn=allowed_hf))
+    n = sum(len(s.tokens) for s in out)
+    assert all(ByteTokenizer().decode(s.tokens[:-1]) in moves for s in out)
+    print(f"constrained  batch {a.batch} x prompt {short.shape[1]}, reply one of 8 move words ({n / a.batch:.1f} "
+          f"tokens each, prefill included)")
+    print(f"  ours (jump-forward)               {t_ours:7.3f} s")
+    print(f"  transformers (prefix_allowed_fn)  {t_hf:7.3f} s")
+    print(f"  ratio                             {t_hf / t_ours:7.2f} x")
+
 
 def _train_one(a):
     """One side of the train benchmark, in its own process (so the peaks don't mix): prints JSON

@@ -7,7 +7,8 @@ Around it:
     transformers' tokenizer for a real checkpoint; crl.py uses both through the same few methods.
   - `Session` + `generate`: batched sampling over a preallocated KV cache. A Session keeps live multi-turn
     conversations (one cache row each) so every turn prefills only its new tokens.
-  - `Constraint`: per-row allowed completions (a token trie) that mask the logits while sampling.
+  - `Constraint`: per-row allowed completions (a token trie) that mask the logits while sampling; tokens
+    the trie forces are appended without a sampling step (jump-forward).
   - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
     top-p and constraint masks), chunked over the vocabulary projection.
 The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from kernels/, which
@@ -658,8 +659,9 @@ class Session:
     """A batch of live multi-turn conversations sharing one preallocated KV cache.
 
     Row r holds one conversation. `lengths[r]` tokens of it have k/v in the cache; `pending[r]` are tokens
-    already part of the conversation whose k/v are not computed yet (the last token sampled in a turn: it
-    is fed, together with the next turn's new tokens, at the next prefill). The cache is allocated once here
+    already part of the conversation whose k/v are not computed yet (the last tokens of a turn's reply, the
+    sampled one and any the constraint forced after it: they are fed with the next turn's new tokens, at the
+    next prefill). The cache is allocated once here
     and written in place; rows not in a call cost nothing."""
 
     def __init__(self, model: Transformer, max_batch: int, max_len: int):
@@ -794,7 +796,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
     active = list(range(n))                           # sample indices still generating, aligned with `logits`
     logits = session.prefill(rows, new)
     unfed = [[] for _ in range(n)]                    # tokens of each sample not yet fed to the model
-    while active:
+    while True:
         entries = [(j, [t for t in nodes[i] if t != _END]) for j, i in enumerate(active) if nodes[i] is not None]
         allow = _allow_mask(len(active), V, entries, logits.device)
         z = filter_logits(logits, temperature, top_k, top_p, allow)
@@ -838,8 +840,6 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
                                     torch.tensor([x[0] for x in feed], device=model.device))
         else:                                         # some rows jumped forward: one ragged chunk call
             logits = session.prefill([rows[i] for i in active], feed)
-        for i in active:
-            unfed[i] = []
     for i, r in enumerate(rows):
         session.pending[r] = unfed[i]  # sampled but not yet fed: part of the history, prefilled next call
     return samples

@@ -28,7 +28,7 @@ from model import Transformer, load_tokenizer
 # checkpoints follow the authors' setup.
 TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, group_size=8, warmup=2, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
-            extractor_batch=32, micro_batch=16, eval_episodes=64, eval_every=30, merge_every=5, iters=300,
+            extractor_batch=32, micro_batch=16, eval_episodes=64, eval_every=30, merge_every=5, iters=270,
             minibatches=1, instructions=False, map=False, max_steps=10)
 REAL = dict(lr=1e-6, extractor_lr=1e-6, groups=16, group_size=8, warmup=5, history=None, max_reply_tokens=512,
             max_context=16384, extractor_reply_tokens=1024, episode_chars=6000, distill_per_group=0,
