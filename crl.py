@@ -247,11 +247,12 @@ class EnvPool:
         key = (task, train)
         if self.free.get(key):
             return self.free[key].pop()
+        kw = dict(max_steps=self.max_steps)
         if task == "alfworld":
-            return envs.make(task, split="train" if train else "valid_unseen", max_steps=self.max_steps)
+            kw["split"] = "train" if train else "valid_unseen"
         if task in envs.MINIHACK:
-            return envs.make(task, show_map=self.show_map, max_steps=self.max_steps)
-        return envs.make(task, max_steps=self.max_steps)
+            kw["show_map"] = self.show_map
+        return envs.make(task, **kw)
 
     def give(self, task, train, env):
         self.free.setdefault((task, train), []).append(env)

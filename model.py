@@ -661,8 +661,7 @@ class Session:
     Row r holds one conversation. `lengths[r]` tokens of it have k/v in the cache; `pending[r]` are tokens
     already part of the conversation whose k/v are not computed yet (the last tokens of a turn's reply, the
     sampled one and any the constraint forced after it: they are fed with the next turn's new tokens, at the
-    next prefill). The cache is allocated once here
-    and written in place; rows not in a call cost nothing."""
+    next prefill). The cache is allocated once here and written in place; rows not in a call cost nothing."""
 
     def __init__(self, model: Transformer, max_batch: int, max_len: int):
         if max_batch < 1 or max_len < 1:
@@ -841,7 +840,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
         else:                                         # some rows jumped forward: one ragged chunk call
             logits = session.prefill([rows[i] for i in active], feed)
     for i, r in enumerate(rows):
-        session.pending[r] = unfed[i]  # sampled but not yet fed: part of the history, prefilled next call
+        session.pending[r] = unfed[i]  # sampled or forced, not yet fed: part of the history, prefilled next call
     return samples
 
 
