@@ -7,6 +7,8 @@ entry remembers the extractor generation that wrote it (`source`), which is how 
 extractor when episodes that used the entry succeed. train.py builds one manager per rank and saves the
 bank next to the model checkpoints.
 
+- `BankConfig`: the bank's settings (capacity and the re-rank), each with its help; crl.CRLConfig holds
+  one, so train.py turns them into --bank-* flags.
 - `Entry`, `Operation`: plain records.
 - `RWLock`: many readers or one writer; a waiting writer blocks new readers.
 - `ExperienceBank`: entries partitioned by task; a task's keys are one matrix, so a search is one matmul +
@@ -31,14 +33,27 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 # ----------------------------------------------------------------------------------------------------------
-# records
+# settings and records
+
+
+@dataclass
+class BankConfig:
+    """ExperienceBank's settings (see its docstring for the re-rank they shape)."""
+    capacity: int = field(default=20000, metadata={"help": "entries kept per task; beyond it the oldest is evicted",
+                                                   "min": 1})
+    candidates: int = field(default=16, metadata={"help": "cosine top-N that the re-rank chooses from", "min": 1})
+    use_penalty: float = field(default=0.4, metadata={"help": "re-rank: minus this times log(1 + uses)", "min": 0})
+    recency_window: int = field(default=32, metadata={"help": "re-rank: queries of a task an entry counts as just "
+                                                              "returned", "min": 0})
+    recency_penalty: float = field(default=0.1, metadata={"help": "re-rank: minus this for an entry returned "
+                                                                  "within the recency window", "min": 0})
 
 
 @dataclass
@@ -212,8 +227,9 @@ class ExperienceBank:
     Capacity is per task; beyond it the oldest entry of the task is evicted.
     """
 
-    def __init__(self, dim: int, capacity: int = 20000, candidates: int = 16, use_penalty: float = 0.4,
-                 recency_window: int = 32, recency_penalty: float = 0.1, scan_dtype="auto"):
+    def __init__(self, dim: int, capacity: int = BankConfig.capacity, candidates: int = BankConfig.candidates,
+                 use_penalty: float = BankConfig.use_penalty, recency_window: int = BankConfig.recency_window,
+                 recency_penalty: float = BankConfig.recency_penalty, scan_dtype="auto"):
         if int(dim) <= 0 or int(capacity) <= 0 or int(candidates) <= 0:
             raise ValueError(f"ExperienceBank needs dim, capacity, candidates > 0 "
                              f"(got {dim}, {capacity}, {candidates})")

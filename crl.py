@@ -1,11 +1,17 @@
 """Complementary RL, the algorithm: an actor trained with multi-turn GRPO on split advantages, co-evolving with
 an experience extractor trained with CISPO on the measured utility of the lessons it writes into the bank.
 
-Reading order: prompts -> rollout -> split_advantages / grpo_loss / cispo_loss -> extractor (distill, parse,
-credit, merge, search_and_ask) -> train_step. model.py supplies the decoder and the batched KV-cache
-generator, envs.py the games, bank.py the shared experience bank; train.py builds a `CRL` and calls
+Read top to bottom, as the paper goes: the settings (`CRLConfig`) and the run state (`Run`), the actor's
+prompts, `rollout`, the actor's objective (`split_advantages`, `grpo_loss`; `cispo_loss` beside it), the
+extractor (distil, parse, `search_and_ask`, credit, CISPO update, merge), and one iteration (`train_step`,
+then `evaluate`). The collective plumbing for DDP comes last. model.py supplies the decoder and the batched
+KV-cache generator, envs.py the games, bank.py the shared experience bank; train.py builds a `Run` and calls
 `train_step` / `evaluate` in a loop, under torchrun for DDP.
+
+Tags in comments: `PAPER: x` names the paper's term or section for what the code implements; `[code]` marks a
+choice taken from the authors' released code where the paper does not state it.
 """
+import dataclasses
 import math
 import re
 import time
@@ -18,48 +24,79 @@ import torch
 import torch.distributed as dist
 
 import envs
-from bank import Operation
+from bank import BankConfig, Operation
 from model import Constraint, Session, generate, token_logprobs
 
 MODES = ("crl", "grpo", "static", "exp-only")
 EVAL_SEED0 = 1_000_000_000  # evaluation seeds start here; training seeds are drawn below it
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Settings and run state
+
+def setting(default, help: str, **checks):
+    """A config field with its help text; `checks` (min, above, max, choices, flag) shape its command-line
+    flag in train.py, which is generated from these fields."""
+    if dataclasses.is_dataclass(default):   # a nested group of settings: each config gets its own copy
+        return field(default_factory=lambda: dataclasses.replace(default), metadata={"help": help, **checks})
+    return field(default=default, metadata={"help": help, **checks})
+
+
 @dataclass
 class CRLConfig:
-    mode: str = "crl"                     # crl | grpo (no bank) | static (frozen extractor) | exp-only (frozen actor)
-    group_size: int = 8                   # G rollouts per task instance, split G/2 without + G/2 with experience
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    eval_temperature: float = 1.0
-    clip: float = 0.2                     # PPO clip epsilon [code]
-    cispo_eps_low: float = 0.1            # CISPO IS-weight clip [code]
-    cispo_eps_high: float = 0.1
-    loss_agg: str = "seq-mean-token-mean"
-    adv_std: bool = False                 # the authors use mean-centring only
-    warmup: int = 5                       # actor waits this many iterations while the bank fills [code]
-    retrieve_k: int = 1                   # entries injected into a with-experience prompt [code: top 1]
-    free_text: bool = False               # actor replies free text with <answer>; else constrained to the actions
-    history: int | None = None            # None: whole episode in context; h: only the last h turns (cheap tiny runs)
-    instructions: bool = True             # False: no task text in the prompt (tiny: it only dilutes the observation)
-    show_map: bool = True                 # False: MiniHack observations without the character map (tiny reads faster)
-    max_steps: int = envs.MAX_STEPS       # actions per episode (the paper: 30); the tiny preset uses fewer
-    max_reply_tokens: int = 256
-    max_context: int = 8192
-    max_asks: int = 2                     # search_and_ask calls per episode [code]
-    extractor_free_text: bool = True      # False: operation heads constrained, bodies free (tiny extractor)
-    extractor_temperature: float = 1.0
-    extractor_reply_tokens: int = 512
-    episode_chars: int = 6000             # the rendered episode shown to the extractor is cut to this
-    distill_per_group: int = 0            # episodes per group sent to the extractor (0 = all)
-    extractor_batch: int = 64             # rewarded generations buffered before a CISPO update [code]
-    merge_every: int = 5                  # iterations between merge passes [code]
-    merge_size: int = 5                   # entries consolidated per merge call [code]
-    merge_batches: int = 2                # merge calls per task per pass
-    micro_batch: int = 8                  # sequences per forward/backward
-    minibatches: int = 1                  # optimizer steps per iteration (one epoch over the batch [code])
-    grad_clip: float = 1.0
+    """The algorithm's settings, one line each (train.py makes each a flag; its presets override some)."""
+    mode: str = setting("crl", "crl | grpo (no bank) | static (frozen extractor) | exp-only (frozen actor)",
+                        choices=MODES)
+    groups: int = setting(16, "task instances per iteration, over all ranks", min=1)
+    group_size: int = setting(8, "G rollouts per instance, G/2 without and G/2 with experience (even)", min=2)
+    lr: float = setting(1e-6, "actor learning rate (AdamW)", min=0)
+    extractor_lr: float = setting(1e-6, "extractor learning rate (AdamW)", min=0)
+    temperature: float = setting(1.0, "actor sampling temperature in training (0: greedy)", min=0)
+    eval_temperature: float | None = setting(None, "actor sampling temperature in evaluation (default none: --temperature)",
+                                             min=0)
+    top_p: float = setting(1.0, "nucleus sampling mass, actor and extractor", above=0, max=1)
+    top_k: int = setting(0, "sample from the k likeliest tokens only (0: all)", min=0)
+    clip: float = setting(0.2, "PPO clip epsilon of the actor's GRPO loss [code]", min=0)
+    cispo_eps_low: float = setting(0.1, "CISPO importance-weight clip below 1 [code]", min=0)
+    cispo_eps_high: float = setting(0.1, "CISPO importance-weight clip above 1 [code]", min=0)
+    loss_agg: str = setting("seq-mean-token-mean", "loss aggregation over tokens",
+                            choices=("seq-mean-token-mean", "token-mean"))
+    adv_std: bool = setting(False, "divide advantages by the subgroup's std (the authors only centre them)")
+    grad_clip: float = setting(1.0, "gradient-norm clip", above=0)
+    warmup: int = setting(5, "iterations the actor waits while the bank fills [code]", min=0)
+    micro_batch: int = setting(4, "sequences per forward/backward", min=1)
+    minibatches: int = setting(1, "optimizer steps per iteration, one epoch over the batch [code: 1]", min=1)
+    retrieve_k: int = setting(1, "lessons injected into a with-experience prompt [code: top 1]", min=1)
+    free_text: bool = setting(True, "actor replies free text with <answer>ACTION</answer>; else constrained "
+                                    "to the valid actions")
+    max_asks: int = setting(2, "search_and_ask calls per free-text episode [code]", min=0)
+    ask_lessons: int = setting(3, "lessons retrieved for the extractor to answer an ask", min=1)
+    history: int | None = setting(None, "turns kept in the actor's context (default none: the whole episode, "
+                                        "KV cache kept across turns)", min=0)
+    instructions: bool = setting(True, "task text and reply format in the actor's prompt")
+    show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
+                                   "message line)", flag="map")
+    max_steps: int = setting(envs.MAX_STEPS, "actions per episode (the paper: 30)", min=1)
+    max_reply_tokens: int = setting(512, "tokens per actor reply", min=1)
+    max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
+    extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
+                                              "constrained and the lessons free")
+    extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
+    extractor_reply_tokens: int = setting(1024, "tokens per extractor reply", min=1)
+    episode_chars: int = setting(6000, "characters of a finished episode shown to the extractor", min=2)
+    distill_per_group: int = setting(0, "episodes per group sent to the extractor (0: all)", min=0)
+    max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
+    extractor_batch: int = setting(64, "rewarded generations buffered before a CISPO update [code]", min=1)
+    max_generations: int = setting(4096, "unrewarded extractor generations kept, oldest dropped (a NONE "
+                                          "never earns credit)", min=0)
+    merge_every: int = setting(5, "iterations between merge passes (0: never) [code]", min=0)
+    merge_size: int = setting(5, "entries consolidated per merge call [code]", min=1)
+    merge_batches: int = setting(2, "merge calls per task per pass", min=0)
+    bank: BankConfig = setting(BankConfig(), "the experience bank")
+
+    def __post_init__(self):
+        if self.eval_temperature is None:
+            self.eval_temperature = self.temperature
 
     @property
     def uses_bank(self):
@@ -74,75 +111,36 @@ class CRLConfig:
         return self.mode in ("crl", "exp-only")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Distributed helpers (no-ops in a single process)
+@dataclass
+class Run:
+    """Everything a run holds: its settings, both models with their tokenizers and optimizers, the bank's
+    manager, the environment pool, the extractor's unrewarded generations, and counters. Built by train.py."""
+    cfg: CRLConfig
+    tasks: list
+    seed: int
+    actor: torch.nn.Module
+    actor_tok: object
+    actor_opt: torch.optim.Optimizer | None
+    extractor: torch.nn.Module | None
+    extractor_tok: object
+    extractor_opt: torch.optim.Optimizer | None
+    manager: object | None
+    pool: "EnvPool | None" = None
+    generations: dict = field(default_factory=dict)   # generation id -> Generation, awaiting its CISPO update
+    generations_made: int = 0                         # on this rank: the next generation id's counter
+    counters: dict = field(default_factory=dict)
+    timer: dict = field(default_factory=dict)
 
-def world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def rank() -> int:
-    return dist.get_rank() if world() > 1 else 0
-
-
-def gather_objects(obj) -> list:
-    """Every rank's `obj`, in rank order, on every rank."""
-    if world() == 1:
-        return [obj]
-    out = [None] * world()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _comm_device():
-    """nccl reduces CUDA tensors only; gloo takes CPU tensors."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def all_reduce_sum(x: float) -> float:
-    if world() == 1:
-        return x
-    t = torch.tensor([float(x)], dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t)
-    return float(t.item())
-
-
-def all_reduce_grads(model, bucket_numel: int = 1 << 25):
-    """Sum gradients over ranks (the losses are already divided by global counts), a few flat buckets at a
-    time so a large model makes few collective calls without doubling its gradient memory."""
-    if world() == 1:
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    bucket = []
-    for i, p in enumerate(params):   # same parameter order on every rank, so the buckets line up
-        bucket.append(p.grad)
-        last = i == len(params) - 1
-        if last or sum(g.numel() for g in bucket) >= bucket_numel or params[i + 1].grad.dtype != p.grad.dtype:
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat)
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-            bucket = []
-
-
-def seeded_generator(device, *parts: int) -> torch.Generator:
-    """A torch RNG on `device` determined by integers (seed, step, rank, purpose): a resumed run replays the
-    same samples."""
-    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-    return torch.Generator(device=device).manual_seed(seed)
+    def __post_init__(self):
+        self.pool = self.pool or EnvPool(self.cfg.show_map, self.cfg.max_steps)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Prompts. The actor sees: system = task + actions + reply format (+ retrieved experience); each
-# observation is a user turn; its replies are assistant turns.
+# The actor's prompts: system = task + actions + reply format (+ retrieved experience); each observation is a
+# user turn; its replies are assistant turns.
 
-def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool, instructions: bool = True
-                        ) -> str:
+def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool, instructions: bool = True,
+                        max_asks: int = 2) -> str:
     """The env's instruction names the goal and the actions (ALFWorld lists its admissible commands in each
     observation); we add the reply format and, for a with-experience episode, the retrieved lessons. Without
     `instructions` (a model trained from scratch, whose reply is constrained to the actions anyway) only the
@@ -150,9 +148,9 @@ def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bo
     lines = [env.instruction] if instructions else []
     if instructions and free_text:
         lines.append("Think briefly if it helps, then give exactly one action as <answer>ACTION</answer>.")
-        if can_ask:
+        if can_ask and max_asks:
             lines.append("Instead of acting you may consult the experience bank with <ask>QUESTION</ask> "
-                         "(at most 2 times per episode).")
+                         f"(at most {max_asks} times per episode).")
     elif instructions:
         lines.append("Reply with one action.")
     if experience:
@@ -169,6 +167,14 @@ def retrieval_query(env, first_obs: str) -> str:
 def encode_chat(tok, messages: list[dict], generation_prompt: bool = True) -> list[int]:
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     return tok.encode(text, add_special_tokens=False)
+
+
+def window_messages(system: str, history: list, obs: str, h: int) -> list[dict]:
+    """System prompt (if any), the last h (observation, reply) turns, and the new observation."""
+    msgs = [{"role": "system", "content": system}] if system else []
+    for o, r in (history[-h:] if h else []):
+        msgs += [{"role": "user", "content": o}, {"role": "assistant", "content": r}]
+    return msgs + [{"role": "user", "content": obs}]
 
 
 _TURN_CACHE = weakref.WeakKeyDictionary()   # tokenizer -> (text between reply and user turn, text after it)
@@ -218,7 +224,7 @@ class Segment:
 class Episode:
     task: str
     seed: int
-    group: int
+    group: int                                       # the task instance (GRPO group) it belongs to
     with_exp: bool
     query: str = ""
     instruction: str = ""
@@ -261,116 +267,148 @@ class EnvPool:
 ASK_RE = re.compile(r"<ask>(.*?)</ask>", re.S)
 
 
-def window_messages(system: str, history: list, obs: str, h: int) -> list[dict]:
-    """System prompt (if any), the last h (observation, reply) turns, and the new observation."""
-    msgs = [{"role": "system", "content": system}] if system else []
-    for o, r in (history[-h:] if h else []):
-        msgs += [{"role": "user", "content": o}, {"role": "assistant", "content": r}]
-    return msgs + [{"role": "user", "content": obs}]
-
-
-def rollout(crl, specs: list[tuple], generator: torch.Generator, temperature: float, train: bool = True
+def rollout(run, specs: list[tuple], rng: torch.Generator, temperature: float, train: bool = True
             ) -> list[Episode]:
-    """Play every episode in `specs` ((task, seed, group, with_exp) tuples) to the end. All live episodes
+    """Play every episode in `specs` ((task, seed, group, with_exp) tuples) to the end. All playing episodes
     advance together: one generate() call per turn over one KV-cache session, so a turn prefills only its
     new observation tokens (with cfg.history set, a turn starts a fresh, shorter context instead)."""
-    cfg, tok = crl.cfg, crl.actor_tok
-    eps = [Episode(task, seed, group, with_exp) for task, seed, group, with_exp in specs]
-    games = [crl.pool.take(e.task, train) for e in eps]
-    t0 = time.perf_counter()
-    obs = [env.reset(seed=e.seed) for env, e in zip(games, eps)]
-    crl.timer["env"] += time.perf_counter() - t0
-    for e, env, o in zip(eps, games, obs):
-        e.instruction, e.query = env.instruction, retrieval_query(env, o)
-        e.transcript.append(("environment", o))
-    if cfg.uses_bank:
-        retrieve(crl, [e for e in eps if e.with_exp], train=train)
-    systems = [actor_system_prompt(env, e.experience, cfg.free_text, e.with_exp and cfg.uses_bank, cfg.instructions)
-               for env, e in zip(games, eps)]
-    pending = [encode_chat(tok, window_messages(s, [], o, 0)) for s, o in zip(systems, obs)]
-    history = [[] for _ in eps]   # (observation, reply) pairs
-    for e, p in zip(eps, pending):
-        e.segments.append(Segment())
-        e.segments[-1].extend(p)
+    batch = EpisodeBatch(run, specs, train)
+    while batch.playing:
+        samples = batch.generate(rng, temperature)   # 1. one batched generate call
+        questions = batch.act(samples)                # 2. each reply steps its game, or asks the bank
+        batch.answer(questions, rng)                  # 3. the extractor answers the questions
+        batch.queue_next_turns()                      # 4. the next user turn of each playing episode
+    return batch.finish()
 
-    session = Session(crl.actor, max_batch=len(eps), max_len=cfg.max_context)
 
-    def fits(i) -> bool:
-        """Room for row i's pending tokens and a reply; if not, the episode ends as a failure."""
-        if session.length(i) + len(pending[i]) + cfg.max_reply_tokens <= cfg.max_context:
+class EpisodeBatch:
+    """The episodes of one rollout call, played in lockstep. Row i is episode i: its game, its last
+    observation, its (observation, reply) history, and `feed[i]`, the tokens the actor reads next."""
+
+    def __init__(self, run, specs: list[tuple], train: bool):
+        self.run, self.cfg, self.tok, self.train = run, run.cfg, run.actor_tok, train
+        self.eps = [Episode(task, seed, group, with_exp) for task, seed, group, with_exp in specs]
+        self.games = [run.pool.take(e.task, train) for e in self.eps]
+        t0 = time.perf_counter()
+        self.obs = [env.reset(seed=e.seed) for env, e in zip(self.games, self.eps)]
+        run.timer["env"] += time.perf_counter() - t0
+        for e, env, o in zip(self.eps, self.games, self.obs):
+            e.instruction, e.query = env.instruction, retrieval_query(env, o)
+            e.transcript.append(("environment", o))
+        if self.cfg.uses_bank:
+            retrieve(run, [e for e in self.eps if e.with_exp], train=train)
+        self.systems = [self.system_prompt(env, e) for env, e in zip(self.games, self.eps)]
+        self.feed = [encode_chat(self.tok, window_messages(s, [], o, 0)) for s, o in zip(self.systems, self.obs)]
+        self.history = [[] for _ in self.eps]
+        for e, f in zip(self.eps, self.feed):
+            e.segments.append(Segment())
+            e.segments[-1].extend(f)
+        self.done = [False] * len(self.eps)
+        self.session = Session(run.actor, max_batch=len(self.eps), max_len=self.cfg.max_context)
+        self.playing = [i for i in range(len(self.eps)) if self.keep_if_room(i)]
+
+    def system_prompt(self, env, e: Episode) -> str:
+        cfg = self.cfg
+        return actor_system_prompt(env, e.experience, cfg.free_text, e.with_exp and cfg.uses_bank, cfg.instructions,
+                                   cfg.max_asks)
+
+    def keep_if_room(self, i) -> bool:
+        """Whether row i's feed and a full reply still fit the context; if not, the episode ends as a
+        failure (truncated)."""
+        cfg = self.cfg
+        if self.session.length(i) + len(self.feed[i]) + cfg.max_reply_tokens <= cfg.max_context:
             return True
-        eps[i].truncated, eps[i].success = True, False
-        eps[i].reward = getattr(games[i], "failure_reward", 0.0)
-        session.release([i])
+        e = self.eps[i]
+        e.truncated, e.success = True, False
+        e.reward = getattr(self.games[i], "failure_reward", 0.0)
+        self.session.release([i])
         return False
 
-    done = [False] * len(eps)
-    live = [i for i in range(len(eps)) if fits(i)]
-    while live:
-        # 1. one batched generate call for every live episode
-        cons = None if cfg.free_text else [Constraint.from_strings(tok, games[i].actions) for i in live]
+    def generate(self, rng, temperature):
+        cfg, tok, rows = self.cfg, self.tok, self.playing
+        cons = None if cfg.free_text else [Constraint.from_strings(tok, self.games[i].actions) for i in rows]
         t0 = time.perf_counter()
-        samples = generate(crl.actor, [pending[i] for i in live], cfg.max_reply_tokens, temperature=temperature,
+        samples = generate(self.run.actor, [self.feed[i] for i in rows], cfg.max_reply_tokens, temperature=temperature,
                            top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id], tokenizer=tok,
-                           generator=generator, constraint=cons, session=session, rows=live)
-        crl.timer["generate"] += time.perf_counter() - t0
-        # 2. act: each reply steps its game, or (free text, with experience) asks the bank
+                           generator=rng, constraint=cons, session=self.session, rows=rows)
+        self.run.timer["generate"] += time.perf_counter() - t0
+        return samples
+
+    def act(self, samples) -> list[tuple[int, str]]:
+        """Record each reply; a question (<ask>, free text with experience, within max_asks) is returned
+        for search_and_ask, any other reply steps the game."""
+        cfg, tok = self.cfg, self.tok
         t0 = time.perf_counter()
-        asks = []
-        for i, s in zip(live, samples):
-            e = eps[i]
+        questions = []
+        for i, s in zip(self.playing, samples):
+            e = self.eps[i]
             e.segments[-1].extend(s.tokens, True, s.logprobs, s.allowed)
             ended = bool(s.tokens) and s.tokens[-1] == tok.eos_token_id
             reply = tok.decode(s.tokens[:-1] if ended else s.tokens)
             e.transcript.append(("agent", reply))
-            history[i].append((obs[i], reply))
-            pending[i] = [] if ended else [tok.eos_token_id]   # close a reply cut by the length limit
+            self.history[i].append((self.obs[i], reply))
+            self.feed[i] = [] if ended else [tok.eos_token_id]   # close a reply cut by the length limit
             ask = ASK_RE.search(reply) if cfg.free_text and e.with_exp and cfg.uses_bank else None
             if ask and "<answer>" not in reply and e.asks < cfg.max_asks:
                 e.asks += 1
-                asks.append((i, ask.group(1).strip()))
-                continue
-            obs[i], reward, done[i], info = games[i].step(reply)
-            e.turns += 1
-            e.invalid += int(bool(info.get("invalid", False)))
-            e.transcript.append(("environment", obs[i]))
-            if done[i]:
-                e.reward, e.success = float(reward), bool(info.get("success", False))
-        crl.timer["env"] += time.perf_counter() - t0
-        # 3. search_and_ask: the extractor answers all of this turn's questions in one call
-        if asks:
-            answers = search_and_ask(crl, [(eps[i], q) for i, q in asks], generator, record=train)
-            for (i, _), answer in zip(asks, answers):
-                obs[i] = "Experience bank answer: " + answer
-                eps[i].transcript.append(("experience bank", answer))
-        # 4. queue each live episode's next user turn
-        still = []
-        for i in live:
-            e = eps[i]
-            if done[i]:
-                session.release([i])
+                questions.append((i, ask.group(1).strip()))
+            else:
+                self.step_game(i, reply)
+        self.run.timer["env"] += time.perf_counter() - t0
+        return questions
+
+    def step_game(self, i, reply: str):
+        e = self.eps[i]
+        self.obs[i], reward, self.done[i], info = self.games[i].step(reply)
+        e.turns += 1
+        e.invalid += int(bool(info.get("invalid", False)))
+        e.transcript.append(("environment", self.obs[i]))
+        if self.done[i]:
+            e.reward, e.success = float(reward), bool(info.get("success", False))
+
+    def answer(self, questions: list[tuple[int, str]], rng):
+        """search_and_ask: the extractor answers all of this turn's questions in one call; the answer is
+        the asker's next observation."""
+        if not questions:
+            return
+        answers = search_and_ask(self.run, [(self.eps[i], q) for i, q in questions], rng, record=self.train)
+        for (i, _), answer in zip(questions, answers):
+            self.obs[i] = "Experience bank answer: " + answer
+            self.eps[i].transcript.append(("experience bank", answer))
+
+    def queue_next_turns(self):
+        """Each unfinished episode's next observation joins its feed (the whole conversation so far stays
+        in the KV cache), or, with cfg.history, a fresh window of the last turns replaces the context."""
+        cfg, still = self.cfg, []
+        for i in self.playing:
+            e = self.eps[i]
+            if self.done[i]:
+                self.session.release([i])
                 continue
             if cfg.history is None:
-                pending[i] += next_turn_tokens(tok, obs[i])
+                self.feed[i] += next_turn_tokens(self.tok, self.obs[i])
             else:
-                session.release([i])
-                pending[i] = encode_chat(tok, window_messages(systems[i], history[i], obs[i], cfg.history))
-            if not fits(i):
+                self.session.release([i])
+                self.feed[i] = encode_chat(self.tok, window_messages(self.systems[i], self.history[i], self.obs[i],
+                                                                     cfg.history))
+            if not self.keep_if_room(i):
                 continue
             if cfg.history is not None:
                 e.segments.append(Segment())   # only now: a truncated episode leaves no empty segment
-            e.segments[-1].extend(pending[i])
+            e.segments[-1].extend(self.feed[i])
             still.append(i)
-        live = still
-    for e, env in zip(eps, games):
-        crl.pool.give(e.task, train, env)
-        n = sum(sum(s.mask) for s in e.segments)
-        for s in e.segments:    # a windowed episode still counts as one sequence in the loss (no length bias)
-            s.share, s.episode_tokens = 1.0 / len(e.segments), n
-    return eps
+        self.playing = still
+
+    def finish(self) -> list[Episode]:
+        for e, env in zip(self.eps, self.games):
+            self.run.pool.give(e.task, self.train, env)
+            n = sum(sum(s.mask) for s in e.segments)
+            for s in e.segments:    # a windowed episode still counts as one sequence in the loss (no length bias)
+                s.share, s.episode_tokens = 1.0 / len(e.segments), n
+        return self.eps
 
 
-def retrieve(crl, eps: list[Episode], train: bool = True):
+def retrieve(run, eps: list[Episode], train: bool = True):
     """Top-k experience for each with-experience episode, searched by its query. Under DDP every rank runs
     the same searches (all ranks' queries, in rank order), so the re-rank state of the replicas stays
     identical; each rank keeps its own results."""
@@ -380,7 +418,7 @@ def retrieve(crl, eps: list[Episode], train: bool = True):
     for r, queries in enumerate(everyone):
         for task in sorted({t for t, _ in queries}):
             idx = [j for j, (t, _) in enumerate(queries) if t == task]
-            results = crl.manager.search(task, [queries[j][1] for j in idx], crl.cfg.retrieve_k, update=train)
+            results = run.manager.search(task, [queries[j][1] for j in idx], run.cfg.retrieve_k, update=train)
             if r != me:
                 continue
             for j, hits in zip(idx, results):
@@ -390,7 +428,7 @@ def retrieve(crl, eps: list[Episode], train: bool = True):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The actor's objective: GRPO on split advantages
+# The objectives: GRPO on split advantages for the actor, CISPO for the extractor
 
 def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch.Tensor, std: bool = False
                      ) -> torch.Tensor:
@@ -424,11 +462,11 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, num_seqs: f
 
 
 def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, agg: str = "seq-mean-token-mean", **denoms):
-    """PPO-clip on token ratios, no KL, no entropy (PAPER: actor objective [code]). logp/old_logp/mask [B,T],
-    adv [B]. A clipped token contributes no gradient."""
-    ratio = torch.exp(logp - old_logp)
+    """-min(r A, clip(r, 1-eps, 1+eps) A) per token, r = pi/pi_old: PPO-clip with no KL and no entropy
+    (PAPER: actor objective [code]). logp/old_logp/mask [B,T], adv [B]. A clipped token has no gradient."""
+    r = torch.exp(logp - old_logp)
     a = adv[:, None]
-    per_token = torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip, 1 + clip))
+    per_token = -torch.minimum(r * a, r.clamp(1 - clip, 1 + clip) * a)
     return aggregate(per_token, mask, agg, **denoms)
 
 
@@ -455,14 +493,14 @@ def pad_segments(segments: list[Segment], device) -> tuple[torch.Tensor, torch.T
     return tokens.to(device), mask.to(device), old.to(device)
 
 
-def policy_update(crl, model, opt, segments: list[Segment], advantages: list[float], objective: str,
+def policy_update(run, model, opt, segments: list[Segment], advantages: list[float], objective: str,
                   temperature: float, minibatches: int = 1) -> dict:
     """One epoch over the batch in `minibatches` optimizer steps (PPO mini-batches: after the first step the
     ratio leaves 1 and the clip starts to matter). Returns the steps' mean statistics."""
     steps = []
     for k in range(minibatches):
         idx = list(range(k, len(segments), minibatches))
-        steps.append(optimizer_step(crl, model, opt, [segments[j] for j in idx], [advantages[j] for j in idx],
+        steps.append(optimizer_step(run, model, opt, [segments[j] for j in idx], [advantages[j] for j in idx],
                                     objective, temperature))
     out = {key: sum(s.get(key, 0.0) for s in steps) / len(steps) for key in steps[0] if key != "grad_norm"}
     out["skipped"] = sum(s["skipped"] for s in steps)
@@ -473,59 +511,73 @@ def policy_update(crl, model, opt, segments: list[Segment], advantages: list[flo
     return out
 
 
-def optimizer_step(crl, model, opt, segments: list[Segment], advantages: list[float], objective: str,
+def optimizer_step(run, model, opt, segments: list[Segment], advantages: list[float], objective: str,
                    temperature: float) -> dict:
     """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
     micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
-    cfg = crl.cfg
-    num_seqs = all_reduce_sum(sum(s.share for s in segments))
-    num_tokens = all_reduce_sum(sum(sum(s.mask) for s in segments))
+    denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)),
+                  num_tokens=all_reduce_sum(sum(sum(s.mask) for s in segments)))
     # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
     # denominators above still count it, so the update is exactly the same)
-    live = [j for j in range(len(segments)) if advantages[j] != 0.0]
-    stats = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
-    if all_reduce_sum(len(live)) == 0:
-        return {**stats, "skipped": 0, "trained_seqs": 0}
+    trained = [j for j in range(len(segments)) if advantages[j] != 0.0]
+    if all_reduce_sum(len(trained)) == 0:
+        return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
     opt.zero_grad(set_to_none=True)
-    order = sorted(live, key=lambda j: len(segments[j].tokens))  # similar lengths together: little padding
+    sums = backward_micro_batches(run, model, [segments[j] for j in trained], [advantages[j] for j in trained],
+                                  objective, temperature, denoms)
+    all_reduce_grads(model)
+    loss = all_reduce_sum(sums["loss"])
+    tokens = max(all_reduce_sum(sums["tokens"]), 1.0)
+    out = {"loss": loss, "ratio": all_reduce_sum(sums["ratio"]) / tokens,
+           "clipfrac": all_reduce_sum(sums["clipfrac"]) / tokens, "skipped": 0,
+           "trained_seqs": all_reduce_sum(len(trained))}
+    return {**out, **clip_and_step(run, model, opt, objective, loss)}
+
+
+def backward_micro_batches(run, model, segments: list[Segment], advantages: list[float], objective: str,
+                           temperature: float, denoms: dict) -> dict:
+    """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate.
+    Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
+    cfg = run.cfg
+    sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
+    order = sorted(range(len(segments)), key=lambda j: len(segments[j].tokens))
     device = next(model.parameters()).device
     for start in range(0, len(order), cfg.micro_batch):
-        idx = order[start:start + cfg.micro_batch]
-        tokens, mask, old = pad_segments([segments[j] for j in idx], device)
-        adv = torch.tensor([advantages[j] for j in idx], device=device)
-        seq_tokens = torch.tensor([float(segments[j].episode_tokens or max(sum(segments[j].mask), 1)) for j in idx],
-                                  device=device)
-        denoms = dict(num_seqs=num_seqs, num_tokens=num_tokens, seq_tokens=seq_tokens)
+        batch = [segments[j] for j in order[start:start + cfg.micro_batch]]
+        tokens, mask, old = pad_segments(batch, device)
+        adv = torch.tensor([advantages[j] for j in order[start:start + cfg.micro_batch]], device=device)
+        seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
         logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                              allowed=[segments[j].allowed for j in idx])
-        if objective == "grpo":
-            loss = grpo_loss(logp, old, adv, mask, cfg.clip, cfg.loss_agg, **denoms)
-            lo, hi = 1 - cfg.clip, 1 + cfg.clip
-        else:
-            loss = cispo_loss(logp, old, adv, mask, cfg.cispo_eps_low, cfg.cispo_eps_high, cfg.loss_agg, **denoms)
-            lo, hi = 1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high
+                              allowed=[s.allowed for s in batch])
+        loss, (lo, hi) = objective_loss(cfg, objective, logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
         loss.backward()
         with torch.no_grad():
             ratio = torch.exp(logp - old)[mask]
-            stats["loss"] += loss.item()
-            stats["ratio"] += ratio.sum().item()
-            stats["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
-            stats["tokens"] += ratio.numel()
-    all_reduce_grads(model)
-    loss = all_reduce_sum(stats["loss"])
-    tokens = max(all_reduce_sum(stats["tokens"]), 1.0)
-    out = {"loss": loss, "ratio": all_reduce_sum(stats["ratio"]) / tokens,
-           "clipfrac": all_reduce_sum(stats["clipfrac"]) / tokens, "skipped": 0,
-           "trained_seqs": all_reduce_sum(len(live))}
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):   # identical on every rank after the reduce
+            sums["loss"] += loss.item()
+            sums["ratio"] += ratio.sum().item()
+            sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
+            sums["tokens"] += ratio.numel()
+    return sums
+
+
+def objective_loss(cfg, objective: str, logp, old, adv, mask, **denoms) -> tuple[torch.Tensor, tuple]:
+    """The loss of `objective` (grpo: the actor, cispo: the extractor) and its ratio clip range."""
+    if objective == "grpo":
+        return grpo_loss(logp, old, adv, mask, cfg.clip, cfg.loss_agg, **denoms), (1 - cfg.clip, 1 + cfg.clip)
+    return (cispo_loss(logp, old, adv, mask, cfg.cispo_eps_low, cfg.cispo_eps_high, cfg.loss_agg, **denoms),
+            (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high))
+
+
+def clip_and_step(run, model, opt, objective: str, loss: float) -> dict:
+    """Clip the summed gradient's norm and step, unless the loss or the gradient is not finite (then the
+    update is skipped, identically on every rank after the reduce)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.cfg.grad_clip)
+    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
         warnings.warn(f"non-finite {objective} loss or gradient (loss={loss}); update skipped")
         opt.zero_grad(set_to_none=True)
-        out["skipped"] = 1
-        return out
+        return {"skipped": 1}
     opt.step()
-    out["grad_norm"] = float(grad_norm)
-    return out
+    return {"grad_norm": float(grad_norm)}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -534,7 +586,7 @@ def optimizer_step(crl, model, opt, segments: list[Segment], advantages: list[fl
 
 EXTRACTOR_SYSTEM = (
     "You keep a bank of short lessons for an agent that plays a text game. Read a finished episode and the "
-    "lessons the agent was shown, then write at most 3 operations, one per line:\n"
+    "lessons the agent was shown, then write at most {max_operations} operations, one per line:\n"
     "ADD: <a new lesson: in which situation, what to do, and why>\n"
     "UPDATE <numbers of shown lessons, comma-separated>: <one lesson that replaces them>\n"
     "NONE\n"
@@ -574,12 +626,14 @@ def shown_lessons(texts: list[str]) -> str:
     return "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts)) or "(none)"
 
 
-def extractor_prompt(crl, e: Episode) -> list[int]:
-    system = EXTRACTOR_SYSTEM + ("\n" + EXTRACTOR_FORMAT if crl.cfg.extractor_free_text else "")
+def extractor_prompt(run, e: Episode) -> list[int]:
+    cfg = run.cfg
+    system = (EXTRACTOR_SYSTEM.format(max_operations=cfg.max_operations)
+              + ("\n" + EXTRACTOR_FORMAT if cfg.extractor_free_text else ""))
     user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.success else 'FAILURE'}\n"
             f"Lessons shown to the agent:\n{shown_lessons(e.experience)}\n"
-            f"Episode:\n{render_episode(e, crl.cfg.episode_chars)}")
-    return encode_chat(crl.extractor_tok, [{"role": "system", "content": system}, {"role": "user", "content": user}])
+            f"Episode:\n{render_episode(e, cfg.episode_chars)}")
+    return encode_chat(run.extractor_tok, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
 
 OP_RE = re.compile(r"^(ADD|UPDATE|NONE)\b\s*([0-9][0-9,\s]*)?:?\s*(.*)$", re.I)
@@ -627,67 +681,79 @@ def operation_heads(tok, shown: int, merge: bool = False) -> Constraint:
     return Constraint(completions, free_after=True)
 
 
-def extractor_generate(crl, prompts: list[list[int]], tasks: list[str], generator, heads: list | None = None,
+def heads_for(run, shown: list[int], merge: bool = False) -> list | None:
+    if run.cfg.extractor_free_text:
+        return None
+    return [operation_heads(run.extractor_tok, n, merge) for n in shown]
+
+
+def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, heads: list | None = None,
                        record: bool = True) -> list[tuple[int, str]]:
     """One batched extractor call; each output becomes a Generation (when the extractor is trained)."""
-    cfg, tok = crl.cfg, crl.extractor_tok
+    cfg, tok = run.cfg, run.extractor_tok
     t0 = time.perf_counter()
-    samples = generate(crl.extractor, prompts, cfg.extractor_reply_tokens, temperature=cfg.extractor_temperature,
+    samples = generate(run.extractor, prompts, cfg.extractor_reply_tokens, temperature=cfg.extractor_temperature,
                        top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id], tokenizer=tok,
-                       generator=generator, constraint=heads)
-    crl.timer["extractor"] += time.perf_counter() - t0
+                       generator=rng, constraint=heads)
+    run.timer["extractor"] += time.perf_counter() - t0
     out = []
     for prompt, task, s in zip(prompts, tasks, samples):
-        gen_id = crl.gen_counter * world() + rank()        # unique across ranks
-        crl.gen_counter += 1
+        gen_id = run.generations_made * world() + rank()        # unique across ranks
+        run.generations_made += 1
         if record and cfg.trains_extractor:
-            crl.generations[gen_id] = Generation(gen_id, task, prompt, s.tokens, s.logprobs, s.allowed)
+            run.generations[gen_id] = Generation(gen_id, task, prompt, s.tokens, s.logprobs, s.allowed)
         ended = bool(s.tokens) and s.tokens[-1] == tok.eos_token_id
         # special tokens never enter a lesson: injected into a prompt they would break its chat format
         out.append((gen_id, tok.decode(s.tokens[:-1] if ended else s.tokens, skip_special_tokens=True)))
     return out
 
 
-def heads_for(crl, shown: list[int], merge: bool = False) -> list | None:
-    if crl.cfg.extractor_free_text:
-        return None
-    return [operation_heads(crl.extractor_tok, n, merge) for n in shown]
+def distill_choice(members: list[Episode], n: int) -> list[Episode]:
+    """Which episodes of a group to distil when not all: alternate successes and failures, so the extractor
+    sees both outcomes."""
+    wins = [e for e in members if e.success]
+    losses = [e for e in members if not e.success]
+    out = []
+    while len(out) < n and (wins or losses):
+        for outcome in (wins, losses):
+            if outcome and len(out) < n:
+                out.append(outcome.pop(0))
+    return out
 
 
-def distill(crl, eps: list[Episode], step: int, generator) -> list[Operation]:
+def distill(run, eps: list[Episode], step: int, rng) -> list[Operation]:
     """Finished episodes -> bank operations (PAPER: add / update / none). New entries are keyed by the
     embedding of the episode's retrieval query; an update replaces the shown entries it names."""
     if not eps:
         return []
-    prompts = [extractor_prompt(crl, e) for e in eps]
-    outputs = extractor_generate(crl, prompts, [e.task for e in eps], generator,
-                                 heads_for(crl, [len(e.retrieved) for e in eps]))
-    keys = crl.manager.embed([e.query for e in eps])
+    prompts = [extractor_prompt(run, e) for e in eps]
+    outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
+                                 heads_for(run, [len(e.retrieved) for e in eps]))
+    keys = run.manager.embed([e.query for e in eps])
     ops = []
     for e, key, (gen_id, reply) in zip(eps, keys, outputs):
-        if not crl.cfg.extractor_free_text:
+        if not run.cfg.extractor_free_text:
             reply = reply.replace("\n", " ")    # a tiny extractor writes one operation: head + free body
-        parsed, bad = parse_operations(reply, len(e.retrieved))
-        crl.counters["parse_failures"] += bad
-        crl.counters["operations"] += len(parsed)
+        parsed, bad = parse_operations(reply, len(e.retrieved), run.cfg.max_operations)
+        run.counters["parse_failures"] += bad
+        run.counters["operations"] += len(parsed)
         for kind, targets, text in parsed:
             ids = tuple(e.retrieved[t - 1] for t in targets)
             ops.append(Operation(kind, e.task, text, ids, key, gen_id, step))
     return ops
 
 
-def search_and_ask(crl, questions: list[tuple[Episode, str]], generator, record: bool = True) -> list[str]:
+def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool = True) -> list[str]:
     """The actor's tool (PAPER: search_and_ask): retrieve lessons for its question, let the extractor answer.
     The answer is a generation like any other: the asking episode's outcome is its reward. Searches here
     leave the re-rank state alone so DDP replicas stay identical."""
-    prompts, lessons = [], []
+    prompts = []
     for e, q in questions:
-        hits = crl.manager.search(e.task, [q], 3, update=False)[0]
-        lessons.append([entry.text for entry, _ in hits])
-        user = f"Task: {e.instruction}\nQuestion: {q}\nLessons:\n{shown_lessons(lessons[-1])}"
-        prompts.append(encode_chat(crl.extractor_tok, [{"role": "system", "content": ASK_SYSTEM},
+        hits = run.manager.search(e.task, [q], run.cfg.ask_lessons, update=False)[0]
+        user = f"Task: {e.instruction}\nQuestion: {q}\nLessons:\n{shown_lessons([entry.text for entry, _ in hits])}"
+        prompts.append(encode_chat(run.extractor_tok, [{"role": "system", "content": ASK_SYSTEM},
                                                        {"role": "user", "content": user}]))
-    outputs = extractor_generate(crl, prompts, [e.task for e, _ in questions], generator, record=record)
+    outputs = extractor_generate(run, prompts, [e.task for e, _ in questions], rng, record=record)
     answers = []
     for (e, _), (gen_id, reply) in zip(questions, outputs):
         e.sources.append(gen_id)
@@ -695,20 +761,20 @@ def search_and_ask(crl, questions: list[tuple[Episode, str]], generator, record:
     return answers
 
 
-def credit_generations(crl, eps: list[Episode]):
+def credit_generations(run, eps: list[Episode]):
     """Each episode credits the generations behind what it used: +1 on success, -1 on failure [code]. Credits
     from every rank reach the rank that owns the generation (PAPER: reward attribution)."""
     credits = [(src, 1.0 if e.success else -1.0) for e in eps for src in e.sources]
     for rank_credits in gather_objects(credits):
         for src, c in rank_credits:
-            if src in crl.generations:
-                crl.generations[src].credits.append(c)
+            if src in run.generations:
+                run.generations[src].credits.append(c)
 
 
-def extractor_update(crl) -> dict:
+def extractor_update(run) -> dict:
     """Once enough generations have rewards (over all ranks), one CISPO step with A = reward - batch mean."""
-    cfg = crl.cfg
-    ready = [g for g in crl.generations.values() if g.credits]
+    cfg = run.cfg
+    ready = [g for g in run.generations.values() if g.credits]
     total = all_reduce_sum(len(ready))
     if total < cfg.extractor_batch:
         return {}
@@ -721,101 +787,153 @@ def extractor_update(crl) -> dict:
         s.extend(g.tokens, True, g.logprobs, g.allowed)
         segments.append(s)
     t0 = time.perf_counter()
-    stats = policy_update(crl, crl.extractor, crl.extractor_opt, segments, [r - mean for r in rewards], "cispo",
+    stats = policy_update(run, run.extractor, run.extractor_opt, segments, [r - mean for r in rewards], "cispo",
                           cfg.extractor_temperature)
-    crl.timer["extractor_update"] += time.perf_counter() - t0
+    run.timer["extractor_update"] += time.perf_counter() - t0
     for g in ready:
-        del crl.generations[g.id]
+        del run.generations[g.id]
     stats["reward"] = mean
     stats["generations"] = total
     return stats
 
 
-def merge_pass(crl, step: int, generator) -> list[Operation]:
+def merge_pass(run, step: int, rng) -> list[Operation]:
     """Consolidate small batches (merge_size) of similar entries of one task into fewer, more general ones
     (PAPER: merge). Every rank picks the same batches from its identical replica; rank r writes batch r mod W."""
-    cfg, bank = crl.cfg, crl.manager.bank
-    rng = np.random.default_rng([crl.seed, step, 3])
+    cfg, bank = run.cfg, run.manager.bank
+    picker = np.random.default_rng([run.seed, step, 3])
     batches = []
     for task in sorted(bank.tasks()):
         entries = bank.entries(task)
         if len(entries) < 2:
             continue
         for _ in range(cfg.merge_batches):
-            anchor = entries[int(rng.integers(len(entries)))]
+            anchor = entries[int(picker.integers(len(entries)))]
             batches.append((task, bank.neighbours(anchor.id, cfg.merge_size)))
     mine = batches[rank()::world()]
     if not mine:
         return []
     prompts = []
-    for task, group in mine:
-        user = f"Task: {task}\nLessons:\n{shown_lessons([x.text for x in group])}"
-        prompts.append(encode_chat(crl.extractor_tok, [{"role": "system", "content": MERGE_SYSTEM},
+    for task, similar in mine:
+        user = f"Task: {task}\nLessons:\n{shown_lessons([x.text for x in similar])}"
+        prompts.append(encode_chat(run.extractor_tok, [{"role": "system", "content": MERGE_SYSTEM},
                                                        {"role": "user", "content": user}]))
-    outputs = extractor_generate(crl, prompts, [t for t, _ in mine], generator,
-                                 heads_for(crl, [len(g) for _, g in mine], merge=True))
+    outputs = extractor_generate(run, prompts, [t for t, _ in mine], rng,
+                                 heads_for(run, [len(similar) for _, similar in mine], merge=True))
     ops = []
-    for (task, group), (gen_id, reply) in zip(mine, outputs):
-        parsed, bad = parse_operations(reply, len(group))
-        crl.counters["parse_failures"] += bad
+    for (task, similar), (gen_id, reply) in zip(mine, outputs):
+        parsed, bad = parse_operations(reply, len(similar), cfg.max_operations)
+        run.counters["parse_failures"] += bad
         for kind, targets, text in parsed:
             if kind != "update":
                 continue
-            ids = tuple(group[t - 1].id for t in targets)   # key None: the bank uses the mean of their keys
+            ids = tuple(similar[t - 1].id for t in targets)   # key None: the bank uses the mean of their keys
             ops.append(Operation("update", task, text, ids, None, gen_id, step))
-    crl.counters["merges"] += len(ops)
+    run.counters["merges"] += len(ops)
     return ops
 
 
-def apply_everywhere(crl, ops: list[Operation]):
+def apply_everywhere(run, ops: list[Operation]):
     """Every rank applies every rank's operations in rank order: the bank replicas stay identical."""
     for rank_ops in gather_objects(ops):
-        crl.manager.apply(rank_ops)
+        run.manager.apply(rank_ops)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# One co-evolution iteration (DESIGN: data flow of one training iteration)
+# One co-evolution iteration
 
-@dataclass
-class CRL:
-    """Everything a run holds: both models with their tokenizers and optimizers, the bank's manager, the
-    environment pool, the extractor's unrewarded generations, and counters. Built by train.py."""
-    cfg: CRLConfig
-    tasks: list
-    groups: int                 # task instances per iteration, over all ranks
-    seed: int
-    actor: torch.nn.Module
-    actor_tok: object
-    actor_opt: torch.optim.Optimizer | None
-    extractor: torch.nn.Module | None
-    extractor_tok: object
-    extractor_opt: torch.optim.Optimizer | None
-    manager: object | None
-    pool: EnvPool | None = None
-    generations: dict = field(default_factory=dict)
-    gen_counter: int = 0
-    counters: dict = field(default_factory=dict)
-    timer: dict = field(default_factory=dict)
-    max_generations: int = 4096  # unrewarded generations kept (oldest dropped): NONE outputs never earn credit
-
-    def __post_init__(self):
-        self.pool = self.pool or EnvPool(self.cfg.show_map, self.cfg.max_steps)
+def seeded_generator(device, *parts: int) -> torch.Generator:
+    """A torch RNG on `device` determined by integers (seed, step, rank, purpose): a resumed run replays the
+    same samples."""
+    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+    return torch.Generator(device=device).manual_seed(seed)
 
 
-def episode_specs(crl, step: int) -> list[tuple]:
+def train_step(run, step: int) -> dict:
+    """One iteration; returns its metrics (identical on every rank)."""
+    cfg = run.cfg
+    run.timer = {k: 0.0 for k in ("generate", "env", "update", "extractor", "extractor_update")}
+    run.counters = {k: 0 for k in ("parse_failures", "operations", "merges")}
+    actor_rng = seeded_generator(run.actor.device, run.seed, step, rank(), 1)
+    extractor_rng = seeded_generator(run.extractor.device, run.seed, step, rank(), 2) if run.extractor else None
+
+    eps = rollout(run, episode_specs(run, step), actor_rng, cfg.temperature)   # 1-2. G rollouts per instance
+    metrics = {"step": step, **success_metrics(eps, "train")}
+    if cfg.uses_bank:
+        record_outcomes(run, eps)                    # 3. bank usage; credit to the extractor's generations
+        distill_episodes(run, eps, step, extractor_rng)   # 4. lessons from the episodes (in the background)
+    if cfg.trains_actor and (step >= cfg.warmup or not cfg.uses_bank):
+        metrics.update(actor_update(run, eps))       # 5. split advantages, GRPO
+    if run.manager is not None:
+        run.manager.flush()
+    if cfg.trains_extractor:
+        metrics.update(extractor_step(run))          # 6. CISPO on the generations judged by now
+    if cfg.uses_bank and cfg.merge_every and (step + 1) % cfg.merge_every == 0:
+        apply_everywhere(run, merge_pass(run, step, extractor_rng))   # 7. merge similar lessons
+    return {**metrics, **episode_metrics(run, eps)}
+
+
+def episode_specs(run, step: int) -> list[tuple]:
     """This rank's episodes: `groups` task instances (tasks in turn, seeds drawn from (seed, step)), each
     played G times, G/2 without and G/2 with experience (all G without in grpo mode)."""
-    rng = np.random.default_rng([crl.seed, step, 1])
-    G = crl.cfg.group_size
+    rng = np.random.default_rng([run.seed, step, 1])
+    G, groups = run.cfg.group_size, run.cfg.groups
     specs = []
-    for g in range(crl.groups):
-        task = crl.tasks[(step * crl.groups + g) % len(crl.tasks)]
+    for g in range(groups):
+        task = run.tasks[(step * groups + g) % len(run.tasks)]
         seed = int(rng.integers(EVAL_SEED0))
         if g % world() != rank():
             continue
         for j in range(G):
-            specs.append((task, seed, g, crl.cfg.uses_bank and j >= G // 2))
+            specs.append((task, seed, g, run.cfg.uses_bank and j >= G // 2))
     return specs
+
+
+def record_outcomes(run, eps: list[Episode]):
+    """Every rank's episodes, in rank order, update the retrieved entries' use counts (the re-rank reads
+    them), and each episode credits the generations it used (PAPER: reward attribution)."""
+    for rank_uses in gather_objects([(e.retrieved, e.success) for e in eps if e.retrieved]):
+        for ids, success in rank_uses:
+            run.manager.record_use(ids, success)
+    credit_generations(run, eps)
+
+
+def distill_episodes(run, eps: list[Episode], step: int, rng):
+    """Distil the episodes (or `distill_per_group` of each group) into bank operations: on the bank's
+    background thread while the actor trains (one GPU process), or inline (CPU; under DDP gathered and
+    applied in rank order, so every replica stays identical)."""
+    chosen = eps
+    if run.cfg.distill_per_group:
+        by_group = {}
+        for e in eps:
+            by_group.setdefault(e.group, []).append(e)
+        chosen = [e for g in sorted(by_group) for e in distill_choice(by_group[g], run.cfg.distill_per_group)]
+    if world() == 1:
+        run.manager.submit(distill, run, chosen, step, rng)
+    else:
+        apply_everywhere(run, distill(run, chosen, step, rng))
+
+
+def actor_update(run, eps: list[Episode]) -> dict:
+    """The actor's GRPO step on split advantages; a windowed episode's segments share its advantage."""
+    cfg = run.cfg
+    adv = split_advantages(torch.tensor([e.reward for e in eps]), torch.tensor([e.group for e in eps]),
+                           torch.tensor([e.with_exp for e in eps]), cfg.adv_std)
+    segments = [s for e in eps for s in e.segments]
+    seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
+    t0 = time.perf_counter()
+    stats = policy_update(run, run.actor, run.actor_opt, segments, seg_adv, "grpo", cfg.temperature, cfg.minibatches)
+    run.timer["update"] = time.perf_counter() - t0
+    return {f"actor/{k}": v for k, v in stats.items()}
+
+
+def extractor_step(run) -> dict:
+    """The extractor's CISPO update once enough generations are rewarded; the oldest unrewarded ones beyond
+    max_generations are dropped."""
+    stats = {f"extractor/{k}": v for k, v in extractor_update(run).items()}
+    for old in sorted(run.generations)[:max(0, len(run.generations) - run.cfg.max_generations)]:
+        del run.generations[old]
+    return stats
 
 
 def success_metrics(eps: list[Episode], prefix: str) -> dict:
@@ -833,104 +951,95 @@ def success_metrics(eps: list[Episode], prefix: str) -> dict:
     return {k: s / n for k, (n, s) in sorted(total.items())}
 
 
-def train_step(crl, step: int) -> dict:
-    """Rollout -> bank bookkeeping -> distillation (background) -> actor GRPO update -> extractor CISPO update
-    -> merge pass. Returns this iteration's metrics (identical on every rank)."""
-    cfg = crl.cfg
-    crl.timer = {k: 0.0 for k in ("generate", "env", "update", "extractor", "extractor_update")}
-    crl.counters = {k: 0 for k in ("parse_failures", "operations", "merges")}
-    gen = seeded_generator(crl.actor.device, crl.seed, step, rank(), 1)
-    ext_gen = seeded_generator(crl.extractor.device, crl.seed, step, rank(), 2) if crl.extractor else None
-
-    # 1-2. play G rollouts of each task instance
-    eps = rollout(crl, episode_specs(crl, step), gen, cfg.temperature)
-    metrics = {"step": step, **success_metrics(eps, "train")}
-
-    # bank usage and extractor credit, from every rank's episodes in rank order
-    if cfg.uses_bank:
-        for rank_uses in gather_objects([(e.retrieved, e.success) for e in eps if e.retrieved]):
-            for ids, success in rank_uses:
-                crl.manager.record_use(ids, success)
-        credit_generations(crl, eps)
-
-    # 5. distil episodes into bank operations: in the background while the actor trains (one GPU process), or
-    # inline (CPU; DDP, gathered and applied in rank order so every replica stays identical)
-    if cfg.uses_bank:
-        chosen = eps
-        if cfg.distill_per_group:
-            by_group = {}
-            for e in eps:
-                by_group.setdefault(e.group, []).append(e)
-            chosen = [e for g in sorted(by_group) for e in distill_choice(by_group[g], cfg.distill_per_group)]
-        if world() == 1:
-            crl.manager.submit(distill, crl, chosen, step, ext_gen)
-        else:
-            apply_everywhere(crl, distill(crl, chosen, step, ext_gen))
-
-    # 3-4. the actor: split advantages, GRPO (after a warm-up that lets the bank fill)
-    if cfg.trains_actor and (step >= cfg.warmup or not cfg.uses_bank):
-        adv = split_advantages(torch.tensor([e.reward for e in eps]), torch.tensor([e.group for e in eps]),
-                               torch.tensor([e.with_exp for e in eps]), cfg.adv_std)
-        segments = [s for e in eps for s in e.segments]
-        seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
-        t0 = time.perf_counter()
-        stats = policy_update(crl, crl.actor, crl.actor_opt, segments, seg_adv, "grpo", cfg.temperature,
-                              cfg.minibatches)
-        crl.timer["update"] = time.perf_counter() - t0
-        metrics.update({f"actor/{k}": v for k, v in stats.items()})
-    if crl.manager is not None:
-        crl.manager.flush()
-
-    # 6. the extractor: CISPO once enough of its generations have been judged by the actor's outcomes
-    if cfg.trains_extractor:
-        metrics.update({f"extractor/{k}": v for k, v in extractor_update(crl).items()})
-        for old in sorted(crl.generations)[:max(0, len(crl.generations) - crl.max_generations)]:
-            del crl.generations[old]
-
-    # 7. merge pass every few iterations
-    if cfg.uses_bank and cfg.merge_every and (step + 1) % cfg.merge_every == 0:
-        apply_everywhere(crl, merge_pass(crl, step, ext_gen))
-
+def episode_metrics(run, eps: list[Episode]) -> dict:
+    """Means and counts over every rank's episodes, this iteration's counters, bank size and timings."""
     n = all_reduce_sum(len(eps))
-    metrics.update({
+    return {
         "reward": all_reduce_sum(sum(e.reward for e in eps)) / n,
         "turns": all_reduce_sum(sum(e.turns for e in eps)) / n,
         "invalid_actions": all_reduce_sum(sum(e.invalid for e in eps)),
         "truncated": all_reduce_sum(sum(e.truncated for e in eps)),
         "asks": all_reduce_sum(sum(e.asks for e in eps)),
-        **{k: all_reduce_sum(v) for k, v in crl.counters.items()},
-        "bank_size": len(crl.manager.bank) if crl.manager is not None else 0,
-        **{f"time/{k}": v for k, v in crl.timer.items()},
-    })
-    return metrics
+        **{k: all_reduce_sum(v) for k, v in run.counters.items()},
+        "bank_size": len(run.manager.bank) if run.manager is not None else 0,
+        **{f"time/{k}": v for k, v in run.timer.items()},
+    }
 
 
-def distill_choice(group: list[Episode], n: int) -> list[Episode]:
-    """Which episodes of a group to distil when not all: alternate successes and failures, so the extractor
-    sees both outcomes."""
-    wins = [e for e in group if e.success]
-    losses = [e for e in group if not e.success]
-    out = []
-    while len(out) < n and (wins or losses):
-        for pool in (wins, losses):
-            if pool and len(out) < n:
-                out.append(pool.pop(0))
-    return out
-
-
-def evaluate(crl, tasks: list[str], episodes: int) -> dict:
+def evaluate(run, tasks: list[str], episodes: int) -> dict:
     """Success on held-out seeds (disjoint from training seeds), with and without experience, the bank
     read-only. The sampling noise is fixed, so evaluations at different steps are comparable."""
     specs = []
     for task in tasks:
         for j in range(episodes):
             specs.append((task, EVAL_SEED0 + j, j, False))
-            if crl.cfg.uses_bank:
+            if run.cfg.uses_bank:
                 specs.append((task, EVAL_SEED0 + j, j, True))
     mine = specs[rank()::world()]
-    timer = crl.timer
-    crl.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
-    gen = seeded_generator(crl.actor.device, crl.seed, 7, rank(), 3)
-    eps = rollout(crl, mine, gen, crl.cfg.eval_temperature, train=False)
-    crl.timer = timer
+    timer = run.timer
+    run.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
+    rng = seeded_generator(run.actor.device, run.seed, 7, rank(), 3)
+    eps = rollout(run, mine, rng, run.cfg.eval_temperature, train=False)
+    run.timer = timer
     return success_metrics(eps, "eval")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --- plumbing ---: the collectives DDP needs (each a no-op in a single process)
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if world() > 1 else 0
+
+
+def gather_objects(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if world() == 1:
+        return [obj]
+    out = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _comm_device():
+    """nccl reduces CUDA tensors only; gloo takes CPU tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce_sum(x: float) -> float:
+    if world() == 1:
+        return x
+    t = torch.tensor([float(x)], dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def all_reduce_grads(model, bucket_numel: int = 1 << 25):
+    """Sum gradients over ranks (the losses are already divided by global counts), a few flat buckets at a
+    time so a large model makes few collective calls without doubling its gradient memory.
+
+    By hand rather than with a DistributedDataParallel wrapper: ranks run different numbers of micro-batch
+    backward passes (zero-advantage sequences are skipped, a rank may have none), which DDP's per-backward
+    reduction cannot match across ranks, and the same model also generates through its KV cache, which a
+    wrapper would have to be bypassed for. One reduction after the last backward needs neither."""
+    if world() == 1:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    bucket = []
+    for i, p in enumerate(params):   # same parameter order on every rank, so the buckets line up
+        bucket.append(p.grad)
+        last = i == len(params) - 1
+        if last or sum(g.numel() for g in bucket) >= bucket_numel or params[i + 1].grad.dtype != p.grad.dtype:
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+            bucket = []

@@ -7,13 +7,15 @@ directories, the bank, the trainer state). DDP: gloo on CPU, nccl on CUDA; every
 the groups and holds an identical bank replica (see crl.py).
 """
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import sys
 import time
+import typing
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -21,81 +23,152 @@ from tqdm import tqdm
 
 import crl
 import envs
+from crl import setting
 from bank import Embedder, ExperienceBank, ExperienceManager
 from model import Transformer, load_tokenizer
 
-# The embedded default is sized for a 2-core CPU (about 5 s an iteration, under 30 minutes a run); real
-# checkpoints follow the authors' setup.
-TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, group_size=8, warmup=2, history=0, max_reply_tokens=16,
+@dataclass
+class RunConfig:
+    """What to train and where: the run's settings that are not the algorithm's (those are crl.CRLConfig)."""
+    tasks: str = setting("room", f"comma-separated, from: {', '.join(envs.TASKS)}")
+    actor: str = setting("tiny", "'tiny' (applies the TINY preset) or a HF checkpoint directory")
+    extractor: str = setting("tiny", "'tiny' (operation heads constrained) or a HF checkpoint directory")
+    embedder: str | None = setting(None, "embedder directory (default none: the packaged all-MiniLM-L6-v2)")
+    out: str | None = setting(None, "run directory (default none: runs/TASKS-MODE-TIME)")
+    resume: bool = setting(False, "continue the run in --out from its last checkpoint, with its saved flags")
+    seed: int = setting(0, "seed of the models' init, the task instances and the sampling")
+    device: str | None = setting(None, "cpu, cuda or cuda:N (default none: cuda when available)")
+    dtype: str | None = setting(None, "model dtype (default none: bfloat16 on cuda, float32 on cpu)",
+                                choices=("float32", "bfloat16"))
+    iters: int = setting(512, "training iterations", min=1)
+    eval_every: int = setting(10, "evaluate every N iterations and after the last (0: never)", min=0)
+    eval_episodes: int = setting(64, "held-out episodes per task, with and without experience each", min=1)
+    save_every: int | None = setting(None, "checkpoint every N iterations and after the last (default none: at the "
+                                           "evaluations, or only after the last with --eval-every 0)", min=1)
+
+
+# Presets: settings that differ from the defaults above and in crl.CRLConfig (the authors' setup for real
+# checkpoints), applied where the command line does not set them. TINY (--actor tiny) is sized for a 2-core
+# CPU: about 5 s an iteration, under 30 minutes a run.
+TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, warmup=2, free_text=False, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
-            extractor_batch=32, micro_batch=16, eval_episodes=64, eval_every=30, merge_every=5, iters=270,
-            minibatches=1, instructions=False, map=False, max_steps=10)
-REAL = dict(lr=1e-6, extractor_lr=1e-6, groups=16, group_size=8, warmup=5, history=None, max_reply_tokens=512,
-            max_context=16384, extractor_reply_tokens=1024, episode_chars=6000, distill_per_group=0,
-            extractor_batch=64, micro_batch=4, eval_episodes=64, eval_every=10, merge_every=5, iters=512,
-            minibatches=1, instructions=True, map=True, max_steps=envs.MAX_STEPS)
+            extractor_batch=32, micro_batch=16, eval_every=30, iters=270, instructions=False, show_map=False,
+            max_steps=10)
+TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", default="room", help=f"comma-separated, from: {', '.join(envs.TASKS)}")
-    p.add_argument("--actor", default="tiny", help="'tiny' or a HF checkpoint directory")
-    p.add_argument("--extractor", default="tiny", help="'tiny' or a HF checkpoint directory")
-    p.add_argument("--embedder", default=None, help="embedder directory (default: the packaged all-MiniLM-L6-v2)")
-    p.add_argument("--mode", default="crl", choices=crl.MODES)
-    p.add_argument("--out", default=None, help="run directory (default: runs/TASKS-MODE-TIME)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: bf16 on cuda, fp32 on cpu")
-    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N iterations (default: at evals)")
-    p.add_argument("--free-text", action="store_true", default=None,
-                   help="actor replies free text with <answer> (default for HF checkpoints) instead of constrained")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--instructions", action=argparse.BooleanOptionalAction, default=None,
-                   help="put the task instruction and reply format in the actor's prompt (default: not for tiny)")
-    p.add_argument("--map", action=argparse.BooleanOptionalAction, default=None,
-                   help="show MiniHack's character map to the actor; without it, only positions in words and "
-                        "the message line (default: not for tiny)")
-    # preset-dependent (None = the tiny or the real default)
-    for name in ["iters", "groups", "group_size", "warmup", "history", "max_reply_tokens", "max_context",
-                 "extractor_reply_tokens", "episode_chars", "distill_per_group", "extractor_batch",
-                 "micro_batch", "eval_episodes", "eval_every", "merge_every", "minibatches", "max_steps"]:
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--extractor-lr", type=float, default=None)
-    args = p.parse_args(argv)
-    preset = TINY if args.actor == "tiny" else REAL
-    for k, v in preset.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    if args.history is not None and args.history < 0:
-        args.history = None
-    if args.free_text is None:
-        args.free_text = args.actor != "tiny"
-    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+def presets(given: dict) -> dict:
+    """The overrides that apply to this command line."""
+    out = dict(TINY) if given.get("actor", RunConfig.actor) == "tiny" else {}
+    if given.get("extractor", RunConfig.extractor) == "tiny":
+        out.update(TINY_EXTRACTOR)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The command line, generated from the fields of RunConfig and crl.CRLConfig
+
+def flat_fields(cls, prefix=""):
+    """(dest, field) for every setting of `cls`; a nested config's fields get its name as prefix."""
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.type):
+            yield from flat_fields(f.type, prefix + f.name + "_")
+        else:
+            yield prefix + f.name, f
+
+
+def value_type(f) -> tuple[type, bool]:
+    """(the value's type, whether it may be None) of a field typed X or X | None."""
+    args = [a for a in typing.get_args(f.type) if a is not type(None)]
+    return (args[0], True) if args else (f.type, False)
+
+
+def text_parser(kind: type, optional: bool):
+    def parse(text):
+        return None if optional and text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__ + (" or none" if optional else "")   # argparse names it in its errors
+    return parse
+
+
+def add_flags(p, cls):
+    group = p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0])
+    for dest, f in flat_fields(cls):
+        kind, optional = value_type(f)
+        flag = "--" + dest.replace(f.name, f.metadata.get("flag", f.name)).replace("_", "-")
+        shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
+        tiny = {**TINY, **TINY_EXTRACTOR}
+        if dest in tiny:
+            shown.append(f"tiny: {'none' if tiny[dest] is None else tiny[dest]}")
+        text = f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
+        kw = dict(dest=dest, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = text_parser(kind, optional)
+            kw["metavar"] = "{" + ",".join(f.metadata["choices"]) + "}" if "choices" in f.metadata else kind.__name__.upper()
+        group.add_argument(flag, **kw)
+
+
+def check(p, args):
+    """A one-line error for a value out of its field's range, or a combination that cannot run."""
+    for dest, f in [*flat_fields(RunConfig), *flat_fields(crl.CRLConfig)]:
+        v, m = getattr(args, dest), f.metadata
+        flag = "--" + dest.replace(f.name, m.get("flag", f.name)).replace("_", "-")
+        if v is None or isinstance(v, bool):
+            continue
+        if "choices" in m and v not in m["choices"]:
+            p.error(f"{flag} must be one of {', '.join(m['choices'])} (got {v!r})")
+        if ("min" in m and v < m["min"]) or ("above" in m and v <= m["above"]) or ("max" in m and v > m["max"]):
+            bounds = [f">= {m['min']}" if "min" in m else f"> {m['above']}" if "above" in m else "",
+                      f"<= {m['max']}" if "max" in m else ""]
+            p.error(f"{flag} must be {' and '.join(b for b in bounds if b)} (got {v})")
     unknown = [t for t in args.tasks if t not in envs.TASKS]
     if unknown or not args.tasks:
         p.error(f"unknown task {', '.join(unknown) or '(none)'}; choose from: {', '.join(envs.TASKS)}")
-    if args.max_steps < 1:
-        p.error("--max-steps must be >= 1 (actions per episode)")
-    if args.group_size < 2 or args.group_size % 2:
+    if args.group_size % 2:
         p.error("--group-size must be an even number >= 2 (half the group plays without experience)")
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            p.error(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            p.error("--device cuda: no CUDA device here; use --device cpu")
+
+
+def parse_args(argv=None):
+    """Flags from the settings' fields: explicit flags, else the preset, else the field's default."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=(
+        "--actor tiny applies the TINY preset (the 'tiny:' values above) to every flag not given; --extractor tiny "
+        "constrains the extractor's operation heads. Optional values take 'none'."))
+    defaults = {dest: f.default for cls in (RunConfig, crl.CRLConfig) for dest, f in flat_fields(cls)}
+    add_flags(p, RunConfig)
+    add_flags(p, crl.CRLConfig)
+    given = vars(p.parse_args(argv))
+    args = argparse.Namespace(**{**defaults, **presets(given), **given})
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    check(p, args)
     return args
 
 
-def setup_distributed():
-    """torchrun sets RANK/WORLD_SIZE; plain `python train.py` is world size 1."""
+def config_from(args, cls=crl.CRLConfig, prefix=""):
+    """The config `cls` from the flat flag values (a nested config from its prefixed ones)."""
+    return cls(**{f.name: config_from(args, f.type, prefix + f.name + "_") if dataclasses.is_dataclass(f.type)
+                  else getattr(args, prefix + f.name) for f in dataclasses.fields(cls)})
+
+
+def setup_distributed(args) -> torch.device:
+    """torchrun sets RANK/WORLD_SIZE; plain `python train.py` is world size 1, on --device if given."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return 0, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
         dist.init_process_group("nccl")
-        return local, torch.device("cuda", local)
+        return torch.device("cuda", local)
     dist.init_process_group("gloo")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    return local, torch.device("cpu")
+    return torch.device("cpu")
 
 
 def model_dtype(args, device) -> torch.dtype:
@@ -114,9 +187,13 @@ def load_model(spec: str, seed: int, device, dtype):
         sys.exit(f"error: cannot load checkpoint {spec!r}: {err}")
 
 
-def save_checkpoint(run: crl.CRL, out: str, step: int, args):
-    """OUT/ckpt holds the latest checkpoint, replaced atomically (written beside it, then renamed)."""
-    tmp, final = os.path.join(out, "ckpt.tmp"), os.path.join(out, "ckpt")
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: OUT/ckpt is the latest. A new one is written to ckpt.tmp, the old one moved to ckpt.old, the
+# new one renamed into place, and only then the old one deleted: a crash at any point leaves a complete
+# checkpoint in ckpt or ckpt.old, and recover_checkpoint() puts the latter back.
+
+def save_checkpoint(run: crl.Run, out: str, step: int, args=None):
+    tmp, final, old = (os.path.join(out, name) for name in ("ckpt.tmp", "ckpt", "ckpt.old"))
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     for name, model, tok in (("actor", run.actor, run.actor_tok), ("extractor", run.extractor, run.extractor_tok)):
@@ -130,75 +207,83 @@ def save_checkpoint(run: crl.CRL, out: str, step: int, args):
         "actor_opt": run.actor_opt.state_dict() if run.actor_opt else None,
         "extractor_opt": run.extractor_opt.state_dict() if run.extractor_opt else None,
         "generations": [asdict(g) for g in run.generations.values()],
-        "gen_counter": run.gen_counter,
+        "generations_made": run.generations_made,
     }
     torch.save(state, os.path.join(tmp, "state.pt"))
     if os.path.exists(final):
-        shutil.rmtree(final)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
-def build(args, device, dtype) -> tuple[crl.CRL, int]:
+def recover_checkpoint(out: str):
+    """A save that crashed between its two renames left the previous checkpoint in ckpt.old: restore it."""
+    final, old = os.path.join(out, "ckpt"), os.path.join(out, "ckpt.old")
+    if not os.path.exists(final) and os.path.exists(os.path.join(old, "state.pt")):
+        os.replace(old, final)
+
+
+def load_trainer_state(run: crl.Run, ckpt: str) -> int:
+    """Optimizers and the extractor's unrewarded generations from a checkpoint; returns the next step."""
+    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)
+    if run.actor_opt and state["actor_opt"]:
+        run.actor_opt.load_state_dict(state["actor_opt"])
+    if run.extractor_opt and state["extractor_opt"]:
+        run.extractor_opt.load_state_dict(state["extractor_opt"])
+    run.generations = {g["id"]: crl.Generation(**g) for g in state["generations"]}
+    run.generations_made = state["generations_made"] if "generations_made" in state else state["gen_counter"]
+    return state["step"] + 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Building a run, and the loop
+
+def build(args, device, dtype) -> tuple[crl.Run, int]:
     """The run from parsed flags: actor, extractor, embedder, bank and optimizers, or with --resume their
-    state from OUT/ckpt. Returns the `crl.CRL` and the first iteration to run (bench.py reuses this)."""
+    state from OUT/ckpt. Returns the `crl.Run` and the first iteration to run (bench.py reuses this)."""
     ckpt = os.path.join(args.out, "ckpt") if args.resume else None
-    world = crl.world()
     torch.manual_seed(args.seed)
-    actor_src = os.path.join(ckpt, "actor") if args.resume else args.actor
-    actor, actor_tok = load_model(actor_src, args.seed, device, dtype)
-    cfg = crl.CRLConfig(
-        mode=args.mode, group_size=args.group_size, temperature=args.temperature, eval_temperature=args.temperature,
-        warmup=args.warmup, free_text=args.free_text, history=args.history, instructions=args.instructions,
-        show_map=args.map, max_steps=args.max_steps,
-        max_reply_tokens=args.max_reply_tokens, max_context=args.max_context,
-        extractor_free_text=args.extractor != "tiny", extractor_reply_tokens=args.extractor_reply_tokens,
-        episode_chars=args.episode_chars, distill_per_group=args.distill_per_group,
-        extractor_batch=args.extractor_batch, micro_batch=args.micro_batch, merge_every=args.merge_every,
-        minibatches=args.minibatches)
+    cfg = config_from(args)
+    actor, actor_tok = load_model(os.path.join(ckpt, "actor") if ckpt else args.actor, args.seed, device, dtype)
     extractor = extractor_tok = manager = None
     if cfg.uses_bank:
-        extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if args.resume else args.extractor,
+        extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if ckpt else args.extractor,
                                               args.seed + 1, device, dtype)
-        try:
-            embedder = Embedder(args.embedder, device=device)
-        except (ValueError, FileNotFoundError, OSError) as err:
-            sys.exit(f"error: cannot load the embedder: {err}")
-        bank = ExperienceBank.load(os.path.join(ckpt, "bank")) if args.resume else ExperienceBank(embedder.dim)
-        # inline under DDP (every rank applies the same operations in the same order) and on CPU, where a
-        # background thread only fights the actor's matmuls for the same cores (1.8x slower iterations)
-        manager = ExperienceManager(bank, embedder, sync=world > 1 or device.type == "cpu")
-    actor_opt = torch.optim.AdamW(actor.parameters(), lr=args.lr, weight_decay=0.0) if cfg.trains_actor else None
-    extractor_opt = (torch.optim.AdamW(extractor.parameters(), lr=args.extractor_lr, weight_decay=0.0)
+        manager = build_manager(args, cfg, device, ckpt)
+    actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=0.0) if cfg.trains_actor else None
+    extractor_opt = (torch.optim.AdamW(extractor.parameters(), lr=cfg.extractor_lr, weight_decay=0.0)
                      if cfg.trains_extractor else None)
-    run = crl.CRL(cfg, args.tasks, args.groups, args.seed, actor, actor_tok, actor_opt,
-                  extractor, extractor_tok, extractor_opt, manager)
-    start = 0
-    if args.resume:
-        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)
-        start = state["step"] + 1
-        if actor_opt and state["actor_opt"]:
-            actor_opt.load_state_dict(state["actor_opt"])
-        if extractor_opt and state["extractor_opt"]:
-            extractor_opt.load_state_dict(state["extractor_opt"])
-        run.generations = {g["id"]: crl.Generation(**g) for g in state["generations"]}
-        run.gen_counter = state["gen_counter"]
-    return run, start
+    run = crl.Run(cfg, args.tasks, args.seed, actor, actor_tok, actor_opt, extractor, extractor_tok, extractor_opt,
+                  manager)
+    return run, load_trainer_state(run, ckpt) if ckpt else 0
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    local, device = setup_distributed()
-    if args.device and crl.world() == 1:
-        device = torch.device(args.device)
-    rank, world = crl.rank(), crl.world()
-    dtype = model_dtype(args, device)
+def build_manager(args, cfg: crl.CRLConfig, device, ckpt: str | None) -> ExperienceManager:
+    """The embedder and the bank (new, or the checkpoint's), behind their manager."""
+    try:
+        embedder = Embedder(args.embedder, device=device)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        sys.exit(f"error: cannot load the embedder: {err}")
+    bank = (ExperienceBank.load(os.path.join(ckpt, "bank")) if ckpt
+            else ExperienceBank(embedder.dim, **dataclasses.asdict(cfg.bank)))
+    # inline under DDP (every rank applies the same operations in the same order) and on CPU, where a
+    # background thread only fights the actor's matmuls for the same cores (1.8x slower iterations)
+    return ExperienceManager(bank, embedder, sync=crl.world() > 1 or device.type == "cpu")
 
-    # the run directory: a new run must not overwrite another; --resume continues it with its saved flags
+
+def open_run_dir(args):
+    """A new run must not overwrite another (its flags go to OUT/args.json); --resume continues one with its
+    saved flags."""
     if args.out is None:
         stamp = crl.gather_objects(time.strftime("%Y%m%d-%H%M%S"))[0]
         args.out = os.path.join("runs", f"{'+'.join(args.tasks)}-{args.mode}-{stamp}")
-    ckpt = os.path.join(args.out, "ckpt")
     if args.resume:
+        if crl.rank() == 0:
+            recover_checkpoint(args.out)
+        if crl.world() > 1:
+            dist.barrier()
+        ckpt = os.path.join(args.out, "ckpt")
         if not os.path.exists(os.path.join(ckpt, "state.pt")):
             sys.exit(f"error: --resume: no checkpoint in {ckpt}; run without --resume to start a new run")
         saved = json.load(open(os.path.join(args.out, "args.json")))
@@ -208,53 +293,84 @@ def main(argv=None):
     elif crl.gather_objects(os.path.exists(os.path.join(args.out, "args.json")))[0]:
         # rank 0's answer for every rank (collected before rank 0 writes args.json below): no race under DDP
         sys.exit(f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out")
-    if rank == 0:
+    if crl.rank() == 0:
         os.makedirs(args.out, exist_ok=True)
         if not args.resume:
             json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"), indent=1)
 
-    run, start = build(args, device, dtype)
-    if args.resume and rank == 0:   # drop log lines of iterations after the checkpoint, then append from there
-        lines = open(os.path.join(args.out, "metrics.jsonl")).read().splitlines()
-        kept = [line for line in lines if json.loads(line)["step"] < start]
-        open(os.path.join(args.out, "metrics.jsonl"), "w").write("".join(line + "\n" for line in kept))
 
-    log = open(os.path.join(args.out, "metrics.jsonl"), "a") if rank == 0 else None
-    save_every = args.save_every or args.eval_every
-    bar = range(start, args.iters)
-    if rank == 0:
-        bar = tqdm(bar, initial=start, total=args.iters, desc=f"{args.mode} {','.join(args.tasks)}", unit="it")
-    for step in bar:
-        t0 = time.perf_counter()
-        metrics = crl.train_step(run, step)
-        metrics["time/iteration"] = time.perf_counter() - t0
-        last = step == args.iters - 1
-        if args.eval_every and (step % args.eval_every == 0 or last):
-            t1 = time.perf_counter()
-            metrics.update(crl.evaluate(run, args.tasks, args.eval_episodes))
-            metrics["time/eval"] = time.perf_counter() - t1
-        for k in ("actor/skipped", "extractor/skipped"):
-            if metrics.get(k):
-                warnings.warn(f"step {step}: {k} (non-finite loss); counted in metrics.jsonl")
-        if rank == 0:
-            log.write(json.dumps(metrics) + "\n")
-            log.flush()
-            draw_curve(args.out)
-            bar.set_postfix({k.split("/", 1)[1]: f"{v:.2f}" for k, v in metrics.items()
-                             if k.startswith("train/") and isinstance(v, float)})
-        if (step + 1) % save_every == 0 or last:
-            if rank == 0:
-                save_checkpoint(run, args.out, step, args)
-            if world > 1:
-                dist.barrier()
+def open_log(args, start: int):
+    """Rank 0's OUT/metrics.jsonl for appending; on --resume, lines of iterations after the checkpoint go."""
+    if crl.rank() != 0:
+        return None
+    path = os.path.join(args.out, "metrics.jsonl")
+    if args.resume:
+        kept = [line for line in open(path).read().splitlines() if json.loads(line)["step"] < start]
+        open(path, "w").write("".join(line + "\n" for line in kept))
+    return open(path, "a")
+
+
+def iteration(run: crl.Run, args, step: int) -> dict:
+    """One training iteration, then the evaluation when it is due; the metrics with their timings."""
+    t0 = time.perf_counter()
+    metrics = crl.train_step(run, step)
+    metrics["time/iteration"] = time.perf_counter() - t0
+    if args.eval_every and (step % args.eval_every == 0 or step == args.iters - 1):
+        t1 = time.perf_counter()
+        metrics.update(crl.evaluate(run, args.tasks, args.eval_episodes))
+        metrics["time/eval"] = time.perf_counter() - t1
+    for k in ("actor/skipped", "extractor/skipped"):
+        if metrics.get(k):
+            warnings.warn(f"step {step}: {k} (non-finite loss); counted in metrics.jsonl")
+    return metrics
+
+
+def report(args, metrics: dict, log, bar):
+    """Rank 0: a line in metrics.jsonl, the redrawn curve, the progress bar's train success."""
+    log.write(json.dumps(metrics) + "\n")
+    log.flush()
+    draw_curve(args.out)
+    bar.set_postfix({k.split("/", 1)[1]: f"{v:.2f}" for k, v in metrics.items()
+                     if k.startswith("train/") and isinstance(v, float)})
+
+
+def checkpoint(run: crl.Run, args, step: int):
+    if crl.rank() == 0:
+        save_checkpoint(run, args.out, step, args)
+    if crl.world() > 1:
+        dist.barrier()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = setup_distributed(args)
+    open_run_dir(args)
+    run, start = build(args, device, model_dtype(args, device))
+    log = open_log(args, start)
+    save_every = args.save_every or args.eval_every   # 0: only after the last iteration
+    steps = range(start, args.iters)
+    if crl.rank() == 0:
+        steps = tqdm(steps, initial=start, total=args.iters, desc=f"{args.mode} {','.join(args.tasks)}", unit="it")
+    for step in steps:
+        metrics = iteration(run, args, step)
+        if crl.rank() == 0:
+            report(args, metrics, log, steps)
+        if step == args.iters - 1 or (save_every and (step + 1) % save_every == 0):
+            checkpoint(run, args, step)
+    finish(run, args)
+    return run
+
+
+def finish(run: crl.Run, args):
     if run.manager is not None:
         run.manager.close()
-    if rank == 0:
-        print(f"done: {args.out}/metrics.jsonl, {args.out}/curve.png, checkpoint in {ckpt}")
-    if world > 1:
+    if crl.rank() == 0:
+        ckpt = os.path.join(args.out, "ckpt")
+        saved = f", checkpoint in {ckpt}" if os.path.exists(ckpt) else ""
+        print(f"done: {args.out}/metrics.jsonl, {args.out}/curve.png{saved}")
+    if crl.world() > 1:
         dist.barrier()  # leave together: gloo can abort a rank whose peer is still finishing its last write
         dist.destroy_process_group()
-    return run
 
 
 def draw_curve(out: str):

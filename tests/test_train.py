@@ -58,8 +58,9 @@ def test_first_ratio_is_one_on_policy():
     recomputation on the episodes' full multi-turn token sequences."""
     from model import load_tokenizer
     actor = Transformer.tiny(seed=3)
-    cfg = crl.CRLConfig(mode="grpo", temperature=0.8, top_k=5, max_reply_tokens=16, max_context=4096)
-    run = crl.CRL(cfg, ["room"], 2, 0, actor, load_tokenizer("tiny"), None, None, None, None, None)
+    cfg = crl.CRLConfig(mode="grpo", groups=2, temperature=0.8, top_k=5, free_text=False, max_reply_tokens=16,
+                        max_context=4096)
+    run = crl.Run(cfg, ["room"], 0, actor, load_tokenizer("tiny"), None, None, None, None, None)
     run.timer = {"generate": 0.0, "env": 0.0}
     eps = crl.rollout(run, crl.episode_specs(run, 0)[:6], crl.seeded_generator("cpu", 0, 0, 0, 1), cfg.temperature)
     segs = [s for e in eps for s in e.segments]
@@ -94,6 +95,86 @@ def test_bad_input_is_one_clear_line(tmp_path):
     (out / "args.json").write_text("{}")
     assert "--resume" in run("--out", str(out))
     assert "no checkpoint" in run("--out", str(tmp_path / "c"), "--resume")
+
+
+def test_every_setting_is_a_documented_flag():
+    """The command line is generated from CRLConfig (the bank's settings included) and RunConfig: each field
+    has a flag with help; a preset fills what the command line leaves out, an explicit flag wins."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    for cls in (train.RunConfig, crl.CRLConfig):
+        train.add_flags(parser, cls)
+    seen = {a.dest: a for a in parser._actions if a.dest != "help"}
+    fields = [dest for cls in (train.RunConfig, crl.CRLConfig) for dest, _ in train.flat_fields(cls)]
+    assert "bank_use_penalty" in fields and "clip" in fields and "retrieve_k" in fields
+    assert sorted(seen) == sorted(fields) and all(a.help for a in seen.values())
+    tiny = train.parse_args([])
+    assert tiny.groups == train.TINY["groups"] and tiny.show_map is False and tiny.history == 0
+    assert tiny.clip == crl.CRLConfig.clip and tiny.extractor_free_text is False
+    explicit = train.parse_args(["--groups", "3", "--map", "--history", "none", "--bank-use-penalty", "0"])
+    assert explicit.groups == 3 and explicit.show_map is True and explicit.history is None
+    cfg = train.config_from(explicit)
+    assert cfg.groups == 3 and cfg.bank.use_penalty == 0.0 and cfg.bank.candidates == 16
+    real = train.parse_args(["--actor", "/some/ckpt", "--extractor", "/other"])
+    assert real.groups == crl.CRLConfig.groups and real.free_text and real.extractor_free_text
+    assert real.lr == 1e-6 and real.iters == train.RunConfig.iters
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--iters", "-5"], "--iters must be >= 1"), (["--groups", "0"], "--groups must be >= 1"),
+    (["--group-size", "3"], "--group-size must be an even number"), (["--top-p", "0"], "--top-p must be > 0"),
+    (["--history", "-1"], "--history must be >= 0"), (["--groups", "x"], "invalid int value"),
+    (["--mode", "ppo"], "--mode must be one of crl"), (["--eval-every", "-1"], "--eval-every must be >= 0"),
+    (["--device", "nope"], "is not a device"), (["--loss-agg", "sum"], "--loss-agg must be one of"),
+    (["--save-every", "0"], "--save-every must be >= 1"), (["--micro-batch", "0"], "--micro-batch must be >= 1")])
+def test_bad_flag_values_are_one_line_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit:
+        train.parse_args(argv)
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_no_evaluation_runs_and_checkpoints_at_the_end(tmp_path):
+    out = str(tmp_path / "noeval")
+    train.main(["--tasks", "room", "--iters", "2", "--out", out, *FAST, "--eval-every", "0"])
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [0, 1] and not any(k.startswith("eval/") for r in rows for k in r)
+    assert torch.load(os.path.join(out, "ckpt", "state.pt"), weights_only=True)["step"] == 1
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    from model import load_tokenizer
+    actor = Transformer.tiny(seed=0)
+    run = crl.Run(crl.CRLConfig(mode="grpo"), ["room"], 0, actor, load_tokenizer("tiny"),
+                  torch.optim.AdamW(actor.parameters()), None, None, None, None)
+    out = str(tmp_path)
+    train.save_checkpoint(run, out, 4)
+    step = lambda: torch.load(os.path.join(out, "ckpt", "state.pt"), weights_only=True)["step"]  # noqa: E731
+    real_save = torch.save
+
+    def fail(*a, **kw):
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", fail)               # the new checkpoint fails halfway through
+    with pytest.raises(OSError):
+        train.save_checkpoint(run, out, 5)
+    assert step() == 4
+    monkeypatch.setattr(torch, "save", real_save)
+    real_replace, calls = os.replace, []
+
+    def crash_on_second(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("killed")
+        real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", crash_on_second)    # the crash between moving the old one aside and
+    with pytest.raises(OSError):                          # renaming the new one into place
+        train.save_checkpoint(run, out, 6)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not os.path.exists(os.path.join(out, "ckpt"))
+    train.recover_checkpoint(out)
+    assert step() == 4
+    train.save_checkpoint(run, out, 7)
+    assert step() == 7 and sorted(os.listdir(out)) == ["ckpt"]
 
 
 def _free_port() -> int:
