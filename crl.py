@@ -52,8 +52,8 @@ class CRLConfig:
     lr: float = setting(1e-6, "actor learning rate (AdamW)", min=0)
     extractor_lr: float = setting(1e-6, "extractor learning rate (AdamW)", min=0)
     temperature: float = setting(1.0, "actor sampling temperature in training (0: greedy)", min=0)
-    eval_temperature: float | None = setting(None, "actor sampling temperature in evaluation (default none: --temperature)",
-                                             min=0)
+    eval_temperature: float | None = setting(None, "actor sampling temperature in evaluation (default none: "
+                                                   "--temperature)", min=0)
     top_p: float = setting(1.0, "nucleus sampling mass, actor and extractor", above=0, max=1)
     top_k: int = setting(0, "sample from the k likeliest tokens only (0: all)", min=0)
     clip: float = setting(0.2, "PPO clip epsilon of the actor's GRPO loss [code]", min=0)
@@ -543,9 +543,10 @@ def backward_micro_batches(run, model, segments: list[Segment], advantages: list
     order = sorted(range(len(segments)), key=lambda j: len(segments[j].tokens))
     device = next(model.parameters()).device
     for start in range(0, len(order), cfg.micro_batch):
-        batch = [segments[j] for j in order[start:start + cfg.micro_batch]]
+        idx = order[start:start + cfg.micro_batch]
+        batch = [segments[j] for j in idx]
         tokens, mask, old = pad_segments(batch, device)
-        adv = torch.tensor([advantages[j] for j in order[start:start + cfg.micro_batch]], device=device)
+        adv = torch.tensor([advantages[j] for j in idx], device=device)
         seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
         logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                               allowed=[s.allowed for s in batch])
@@ -850,24 +851,25 @@ def seeded_generator(device, *parts: int) -> torch.Generator:
 
 
 def train_step(run, step: int) -> dict:
-    """One iteration; returns its metrics (identical on every rank)."""
+    """One co-evolution iteration, numbered as in the README; returns its metrics (identical on every rank)."""
     cfg = run.cfg
     run.timer = {k: 0.0 for k in ("generate", "env", "update", "extractor", "extractor_update")}
     run.counters = {k: 0 for k in ("parse_failures", "operations", "merges")}
     actor_rng = seeded_generator(run.actor.device, run.seed, step, rank(), 1)
     extractor_rng = seeded_generator(run.extractor.device, run.seed, step, rank(), 2) if run.extractor else None
 
-    eps = rollout(run, episode_specs(run, step), actor_rng, cfg.temperature)   # 1-2. G rollouts per instance
+    # 1-2. G rollouts of each task instance
+    eps = rollout(run, episode_specs(run, step), actor_rng, cfg.temperature)
     metrics = {"step": step, **success_metrics(eps, "train")}
     if cfg.uses_bank:
-        record_outcomes(run, eps)                    # 3. bank usage; credit to the extractor's generations
-        distill_episodes(run, eps, step, extractor_rng)   # 4. lessons from the episodes (in the background)
+        record_outcomes(run, eps)                          # 3. bank usage, credit to extractor generations
+        distill_episodes(run, eps, step, extractor_rng)    # 4. lessons from the episodes (in the background)
     if cfg.trains_actor and (step >= cfg.warmup or not cfg.uses_bank):
-        metrics.update(actor_update(run, eps))       # 5. split advantages, GRPO
+        metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
     if run.manager is not None:
         run.manager.flush()
     if cfg.trains_extractor:
-        metrics.update(extractor_step(run))          # 6. CISPO on the generations judged by now
+        metrics.update(extractor_step(run))                # 6. CISPO on the generations judged so far
     if cfg.uses_bank and cfg.merge_every and (step + 1) % cfg.merge_every == 0:
         apply_everywhere(run, merge_pass(run, step, extractor_rng))   # 7. merge similar lessons
     return {**metrics, **episode_metrics(run, eps)}

@@ -5,6 +5,10 @@ embedder and the experience bank, then runs crl.train_step in a loop with period
 OUT/metrics.jsonl, a learning-curve picture OUT/curve.png, and checkpoints in OUT/ckpt (both models as HF
 directories, the bank, the trainer state). DDP: gloo on CPU, nccl on CUDA; every rank plays its share of
 the groups and holds an identical bank replica (see crl.py).
+
+Settings have one home each: a field of `RunConfig` below (what to train, where, how often to evaluate and
+save) or of `crl.CRLConfig` (the algorithm, the bank's settings included), with its help and range. The
+command line is generated from those fields; the TINY preset overrides some where a flag is not given.
 """
 import argparse
 import dataclasses
@@ -23,9 +27,10 @@ from tqdm import tqdm
 
 import crl
 import envs
-from crl import setting
 from bank import Embedder, ExperienceBank, ExperienceManager
+from crl import setting
 from model import Transformer, load_tokenizer
+
 
 @dataclass
 class RunConfig:
@@ -77,6 +82,10 @@ def flat_fields(cls, prefix=""):
             yield prefix + f.name, f
 
 
+def flag_name(dest: str, f) -> str:
+    return "--" + dest.replace(f.name, f.metadata.get("flag", f.name)).replace("_", "-")
+
+
 def value_type(f) -> tuple[type, bool]:
     """(the value's type, whether it may be None) of a field typed X or X | None."""
     args = [a for a in typing.get_args(f.type) if a is not type(None)]
@@ -91,10 +100,10 @@ def text_parser(kind: type, optional: bool):
 
 
 def add_flags(p, cls):
+    """One flag per field of `cls`, in a help section of its own; unset flags stay out of the namespace."""
     group = p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0])
     for dest, f in flat_fields(cls):
         kind, optional = value_type(f)
-        flag = "--" + dest.replace(f.name, f.metadata.get("flag", f.name)).replace("_", "-")
         shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
         tiny = {**TINY, **TINY_EXTRACTOR}
         if dest in tiny:
@@ -105,15 +114,15 @@ def add_flags(p, cls):
             kw["action"] = argparse.BooleanOptionalAction
         else:
             kw["type"] = text_parser(kind, optional)
-            kw["metavar"] = "{" + ",".join(f.metadata["choices"]) + "}" if "choices" in f.metadata else kind.__name__.upper()
-        group.add_argument(flag, **kw)
+            choices = f.metadata.get("choices")
+            kw["metavar"] = "{" + ",".join(choices) + "}" if choices else kind.__name__.upper()
+        group.add_argument(flag_name(dest, f), **kw)
 
 
 def check(p, args):
     """A one-line error for a value out of its field's range, or a combination that cannot run."""
     for dest, f in [*flat_fields(RunConfig), *flat_fields(crl.CRLConfig)]:
-        v, m = getattr(args, dest), f.metadata
-        flag = "--" + dest.replace(f.name, m.get("flag", f.name)).replace("_", "-")
+        v, m, flag = getattr(args, dest), f.metadata, flag_name(dest, f)
         if v is None or isinstance(v, bool):
             continue
         if "choices" in m and v not in m["choices"]:
@@ -293,6 +302,8 @@ def open_run_dir(args):
     elif crl.gather_objects(os.path.exists(os.path.join(args.out, "args.json")))[0]:
         # rank 0's answer for every rank (collected before rank 0 writes args.json below): no race under DDP
         sys.exit(f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        sys.exit(f"error: --out {args.out} is a file; choose a directory")
     if crl.rank() == 0:
         os.makedirs(args.out, exist_ok=True)
         if not args.resume:
