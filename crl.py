@@ -62,6 +62,8 @@ class CRLConfig:
     loss_agg: str = setting("seq-mean-token-mean", "loss aggregation over tokens",
                             choices=("seq-mean-token-mean", "token-mean"))
     adv_std: bool = setting(False, "divide advantages by the subgroup's std (the authors only centre them)")
+    split: bool = setting(True, "advantages within the with/without-experience halves of a group (PAPER: split "
+                                "advantage); --no-split: one group of all G, the ablation")
     grad_clip: float = setting(1.0, "gradient-norm clip", above=0)
     warmup: int = setting(5, "iterations the actor waits while the bank fills [code]", min=0)
     micro_batch: int = setting(4, "sequences per forward/backward", min=1)
@@ -920,7 +922,7 @@ def actor_update(run, eps: list[Episode]) -> dict:
     """The actor's GRPO step on split advantages; a windowed episode's segments share its advantage."""
     cfg = run.cfg
     adv = split_advantages(torch.tensor([e.reward for e in eps]), torch.tensor([e.group for e in eps]),
-                           torch.tensor([e.with_exp for e in eps]), cfg.adv_std)
+                           torch.tensor([e.with_exp and cfg.split for e in eps]), cfg.adv_std)
     segments = [s for e in eps for s in e.segments]
     seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
     t0 = time.perf_counter()

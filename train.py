@@ -50,6 +50,8 @@ class RunConfig:
     eval_episodes: int = setting(64, "held-out episodes per task, with and without experience each", min=1)
     save_every: int | None = setting(None, "checkpoint every N iterations and after the last (default none: at the "
                                            "evaluations, or only after the last with --eval-every 0)", min=1)
+    final_eval_episodes: int = setting(0, "after the last iteration, evaluate on this many held-out episodes per "
+                                          "task each way and write OUT/final.json (0: no final evaluation)", min=0)
 
 
 # Presets: settings that differ from the defaults above and in crl.CRLConfig (the authors' setup for real
@@ -297,7 +299,7 @@ def open_run_dir(args):
             sys.exit(f"error: --resume: no checkpoint in {ckpt}; run without --resume to start a new run")
         saved = json.load(open(os.path.join(args.out, "args.json")))
         for k, v in saved.items():
-            if k not in ("iters", "resume", "out", "device"):
+            if k not in ("iters", "resume", "out", "device", "final_eval_episodes"):
                 setattr(args, k, v)
     elif crl.gather_objects(os.path.exists(os.path.join(args.out, "args.json")))[0]:
         # rank 0's answer for every rank (collected before rank 0 writes args.json below): no race under DDP
@@ -368,8 +370,20 @@ def main(argv=None):
             report(args, metrics, log, steps)
         if step == args.iters - 1 or (save_every and (step + 1) % save_every == 0):
             checkpoint(run, args, step)
+    if args.final_eval_episodes:
+        final_evaluation(run, args)
     finish(run, args)
     return run
+
+
+def final_evaluation(run: crl.Run, args):
+    """OUT/final.json: held-out success of the finished run on --final-eval-episodes (reproduce.py's table)."""
+    metrics = {"step": args.iters - 1, "episodes": args.final_eval_episodes,
+               **crl.evaluate(run, args.tasks, args.final_eval_episodes)}
+    if crl.rank() == 0:
+        path = os.path.join(args.out, "final.json")
+        json.dump(metrics, open(path + ".tmp", "w"), indent=1)
+        os.replace(path + ".tmp", path)
 
 
 def finish(run: crl.Run, args):

@@ -1,0 +1,225 @@
+"""Reproduce the paper's comparison: `python reproduce.py` (room by default, `--tasks` for others).
+
+Runs the grid modes × seeds × tasks through train.py's own code path with identical budgets, one training
+process at a time, and writes
+    results/TASK/MODE-seedK/            the run (metrics.jsonl, curve.png, ckpt/, final.json)
+    results/TASK.md, results/TASK.png   the paper-style table and the held-out curves (mean with a band)
+The grid is resumable: a run with final.json is skipped, a run with a checkpoint resumes from it, so the
+grid accumulates across sittings. `--table` only redraws the table and picture from what is there.
+
+Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`) and `no-split`, the split-advantage ablation
+(`crl` with one advantage group over all G rollouts). The table gives the final held-out success with and
+without experience (mean and 95% interval over seeds, Student t), the paired with-minus-without difference,
+the CRL - GRPO difference paired by seed, and the extractor's mean reward early vs late in training.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+MODES = ("crl", "grpo", "static", "exp-only", "no-split")
+MODE_FLAGS = {"no-split": ["--mode", "crl", "--no-split"]}   # every other mode is `--mode MODE`
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042]   # Student t 97.5% quantiles for 1..30 degrees of freedom; 1.96 beyond
+
+
+# ---------------------------------------------------------------------------------------------------------
+# statistics
+
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (Student t over len(xs) - 1 degrees of freedom; nan
+    half-width for a single value)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, math.nan
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    t = T975[n - 2] if n - 2 < len(T975) else 1.96
+    return m, t * sd / math.sqrt(n)
+
+
+def fmt(m: float, h: float) -> str:
+    return f"{m:.3f}" if math.isnan(h) else f"{m:.3f} ± {h:.3f}"
+
+
+def paired(a: dict, b: dict) -> list[float]:
+    """a[seed] - b[seed] over the seeds both have."""
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reading a results folder
+
+def run_dir(results: str, task: str, mode: str, seed: int) -> str:
+    return os.path.join(results, task, f"{mode}-seed{seed}")
+
+
+def read_runs(results: str, task: str) -> dict:
+    """{mode: {seed: {"final": final.json or None, "rows": metrics.jsonl rows}}} for every run folder."""
+    runs = {}
+    folder = os.path.join(results, task)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        mode, _, seed = name.rpartition("-seed")
+        if mode not in MODES or not seed.isdigit():
+            continue
+        path = os.path.join(folder, name)
+        final = os.path.join(path, "final.json")
+        metrics = os.path.join(path, "metrics.jsonl")
+        runs.setdefault(mode, {})[int(seed)] = {
+            "final": json.load(open(final)) if os.path.exists(final) else None,
+            "rows": [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []}
+    return runs
+
+
+def finals(runs: dict, mode: str, task: str, kind: str) -> dict:
+    """{seed: final held-out success} for kind 'exp' or 'noexp', finished runs only."""
+    key = f"eval/{task}/success_{kind}"
+    return {s: r["final"][key] for s, r in runs.get(mode, {}).items() if r["final"] and key in r["final"]}
+
+
+def extractor_reward(rows: list[dict]) -> tuple[float, float] | None:
+    """The extractor's mean reward over the first and the last third of its CISPO steps."""
+    rewards = [r["extractor/reward"] for r in rows if "extractor/reward" in r]
+    if len(rewards) < 3:
+        return None
+    third = len(rewards) // 3
+    return sum(rewards[:third]) / third, sum(rewards[-third:]) / third
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the table and the picture
+
+def table(results: str, task: str) -> str:
+    """The paper-style markdown table of one task's grid."""
+    runs = read_runs(results, task)
+    lines = [f"### {task}", "",
+             "| mode | seeds | eval w/ exp | eval w/o exp | w/ − w/o (paired) | extractor reward first → last third |",
+             "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        if mode not in runs:
+            continue
+        exp, noexp = finals(runs, mode, task, "exp"), finals(runs, mode, task, "noexp")
+        cells = [fmt(*mean_ci(list(d.values()))) if d else "—" for d in (exp, noexp)]
+        diff = paired(exp, noexp)
+        rewards = [x for x in (extractor_reward(r["rows"]) for r in runs[mode].values()) if x]
+        reward_cell = "—"
+        if rewards:
+            first, last = mean_ci([a for a, _ in rewards]), mean_ci([b for _, b in rewards])
+            reward_cell = f"{fmt(*first)} → {fmt(*last)}"
+        lines.append(f"| {mode} | {len(noexp)}/{len(runs[mode])} | {cells[0]} | {cells[1]} | "
+                     f"{fmt(*mean_ci(diff)) if diff else '—'} | {reward_cell} |")
+    grpo = finals(runs, "grpo", task, "noexp")
+    lines.append("")
+    for kind, label in (("exp", "with"), ("noexp", "without")):
+        diff = paired(finals(runs, "crl", task, kind), grpo)
+        if diff:
+            m, h = mean_ci(diff)
+            verdict = "above zero" if m - h > 0 else "below zero" if m + h < 0 else "contains zero"
+            lines.append(f"CRL (eval {label} experience) − GRPO, paired by seed: {fmt(m, h)} "
+                         f"over {len(diff)} seeds; the 95% interval {verdict}.  ")
+    return "\n".join(lines) + "\n"
+
+
+def curve(results: str, task: str):
+    """results/TASK.png: held-out success vs iteration per mode, mean over seeds with a 95% band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = read_runs(results, task)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, kind, title in zip(axes, ("exp", "noexp"), ("eval with experience", "eval without experience")):
+        for mode in MODES:
+            steps, means, halves = band(runs.get(mode, {}), f"eval/{task}/success_{kind}")
+            if steps:
+                line, = ax.plot(steps, means, marker="o", ms=3, label=mode)
+                lo = [m - (0 if math.isnan(h) else h) for m, h in zip(means, halves)]
+                hi = [m + (0 if math.isnan(h) else h) for m, h in zip(means, halves)]
+                ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_title(f"{task}: {title}")
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("held-out success (mean over seeds, 95% band)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(results, f"{task}.png"), dpi=100)
+    plt.close(fig)
+
+
+def band(seed_runs: dict, key: str) -> tuple[list, list, list]:
+    """Steps where every seed has an evaluation, the mean over seeds there, and the 95% half-width."""
+    by_seed = [{r["step"]: r[key] for r in run["rows"] if key in r} for run in seed_runs.values()]
+    by_seed = [d for d in by_seed if d]
+    steps = sorted(set.intersection(*(set(d) for d in by_seed))) if by_seed else []
+    stats = [mean_ci([d[s] for d in by_seed]) for s in steps]
+    return steps, [m for m, _ in stats], [h for _, h in stats]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# running the grid
+
+def train_argv(task: str, mode: str, seed: int, out: str, a, extra: list[str]) -> list[str]:
+    argv = ["--tasks", task, *MODE_FLAGS.get(mode, ["--mode", mode]), "--seed", str(seed), "--out", out,
+            "--final-eval-episodes", str(a.final_episodes)]
+    return argv + extra
+
+
+def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
+    """Train one grid cell to its end (resuming from its checkpoint if it has one); final.json marks it done."""
+    import train
+    out = run_dir(a.results, task, mode, seed)
+    if os.path.exists(os.path.join(out, "final.json")):
+        return
+    resume = os.path.exists(os.path.join(out, "ckpt", "state.pt"))
+    if not resume and os.path.exists(out):
+        shutil.rmtree(out)   # killed before its first checkpoint: nothing to keep
+    print(f"== {task} {mode} seed {seed}: {'resuming' if resume else 'starting'} ({out})", flush=True)
+    train.main(train_argv(task, mode, seed, out, a, extra) + (["--resume"] if resume else []))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                epilog="Arguments after `--` go to train.py for every run (e.g. -- --iters 150).")
+    p.add_argument("--tasks", default="room", help="comma-separated tasks, one grid each")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per mode")
+    p.add_argument("--results", default="results", help="the results folder")
+    p.add_argument("--final-episodes", type=int, default=256,
+                   help="held-out episodes each way in every run's final evaluation")
+    p.add_argument("--table", action="store_true", help="only redraw the tables and pictures from what is there")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    a.tasks = [t for t in a.tasks.split(",") if t]
+    a.modes = [m for m in a.modes.split(",") if m]
+    bad = [m for m in a.modes if m not in MODES]
+    if bad:
+        p.error(f"unknown mode {', '.join(bad)}; choose from: {', '.join(MODES)}")
+    if a.seeds < 1 or a.final_episodes < 1:
+        p.error("--seeds and --final-episodes must be >= 1")
+    return a, extra
+
+
+def main(argv=None):
+    a, extra = parse_args(argv)
+    for task in a.tasks:
+        if not a.table:
+            for seed in range(a.seeds):          # seeds outermost: every mode gets its first seed early
+                for mode in a.modes:
+                    run_one(task, mode, seed, a, extra)
+                    report(a.results, task)
+        report(a.results, task)
+
+
+def report(results: str, task: str):
+    text = table(results, task)
+    os.makedirs(results, exist_ok=True)
+    open(os.path.join(results, f"{task}.md"), "w").write(text)
+    curve(results, task)
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()

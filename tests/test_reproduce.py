@@ -1,0 +1,80 @@
+"""reproduce.py: the paper-style table from a fabricated results folder (numbers worked by hand), and one
+2-iteration grid cell end to end through train.py (resumable, skipped once done)."""
+import json
+import math
+import os
+
+import pytest
+
+import reproduce
+
+
+def _run(root, mode, seed, final: dict, rows: list[dict]):
+    d = os.path.join(root, "room", f"{mode}-seed{seed}")
+    os.makedirs(d)
+    json.dump(final, open(os.path.join(d, "final.json"), "w"))
+    open(os.path.join(d, "metrics.jsonl"), "w").write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_mean_ci_by_hand():
+    m, h = reproduce.mean_ci([0.5, 0.6, 0.7])      # sd 0.1, t(2 df) 4.303: 4.303 * 0.1 / sqrt(3)
+    assert m == pytest.approx(0.6) and h == pytest.approx(0.248434, abs=1e-6)
+    m, h = reproduce.mean_ci([0.3])
+    assert m == 0.3 and math.isnan(h)
+
+
+def test_table_from_fabricated_results(tmp_path):
+    root = str(tmp_path)
+    crl_noexp, crl_exp, grpo = [0.5, 0.6, 0.7], [0.6, 0.6, 0.9], [0.4, 0.5, 0.5]
+    for s in range(3):
+        rewards = [{"step": i, "extractor/reward": r} for i, r in enumerate([-0.5, -0.3, 0.1, 0.3, 0.5, 0.7])]
+        evals = [{"step": 0, "eval/room/success_noexp": 0.2, "eval/room/success_exp": 0.1}]
+        _run(root, "crl", s, {"eval/room/success_noexp": crl_noexp[s], "eval/room/success_exp": crl_exp[s]},
+             evals + rewards)
+        _run(root, "grpo", s, {"eval/room/success_noexp": grpo[s]}, [{"step": 0, "eval/room/success_noexp": 0.2}])
+    text = reproduce.table(root, "room")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and "mode" not in line}
+    assert set(rows) == {"crl", "grpo"}
+    assert rows["crl"][0] == "3/3"
+    assert rows["crl"][1] == "0.700 ± 0.430"    # [0.6, 0.6, 0.9]: sd 0.1732, 4.303 * 0.1732 / sqrt(3)
+    assert rows["crl"][2] == "0.600 ± 0.248"
+    assert rows["crl"][3] == "0.100 ± 0.248"    # paired w/ - w/o: [0.1, 0.0, 0.2]: sd 0.1, as above
+    # extractor reward over the first and last third of its 6 steps: (-0.5 - 0.3) / 2 and (0.5 + 0.7) / 2
+    assert rows["crl"][4] == "-0.400 ± 0.000 → 0.600 ± 0.000"
+    assert rows["grpo"][1] == "—" and rows["grpo"][2] == "0.467 ± 0.143"
+    # CRL w/o exp - GRPO paired: [0.1, 0.1, 0.2] -> mean 0.1333, sd 0.0577, half-width 0.1434: contains zero
+    assert "CRL (eval without experience) − GRPO, paired by seed: 0.133 ± 0.143 over 3 seeds; the 95% " \
+           "interval contains zero" in text
+    # w/ exp - GRPO: [0.2, 0.1, 0.4] -> mean 0.2333, sd 0.1528, half-width 0.37949
+    assert "CRL (eval with experience) − GRPO, paired by seed: 0.233 ± 0.379" in text
+    reproduce.curve(root, "room")
+    assert os.path.getsize(os.path.join(root, "room.png")) > 1000
+
+
+def test_bad_mode_is_one_line_error():
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["--modes", "crl,nope"])
+
+
+def test_grid_cell_end_to_end(tmp_path, capsys):
+    """A 2-iteration no-split cell: trained through train.py, final.json written, skipped when done, and
+    resumed from its checkpoint when the final evaluation is missing."""
+    tiny = ["--iters", "2", "--eval-every", "1", "--eval-episodes", "2", "--max-steps", "3", "--groups", "2",
+            "--extractor-batch", "4", "--warmup", "0"]
+    argv = ["--modes", "no-split", "--seeds", "1", "--final-episodes", "3", "--results", str(tmp_path), "--", *tiny]
+    reproduce.main(argv)
+    out = tmp_path / "room" / "no-split-seed0"
+    final = json.load(open(out / "final.json"))
+    assert final["episodes"] == 3 and 0 <= final["eval/room/success_noexp"] <= 1
+    args = json.load(open(out / "args.json"))
+    assert args["mode"] == "crl" and args["split"] is False
+    assert "| no-split | 1/1 |" in (tmp_path / "room.md").read_text()
+    assert (tmp_path / "room.png").exists()
+    stamp = os.path.getmtime(out / "metrics.jsonl")
+    reproduce.main(argv)                                   # done: skipped
+    assert os.path.getmtime(out / "metrics.jsonl") == stamp
+    os.remove(out / "final.json")                          # killed during the final evaluation: resumed
+    reproduce.main(argv)
+    assert json.load(open(out / "final.json")) == final    # the same held-out seeds and sampling noise
+    assert "resuming" in capsys.readouterr().out
