@@ -1,7 +1,8 @@
 """kernels/: every Triton kernel against its plain torch reference, run on CPU through Triton's interpreter.
 
-conftest.py sets TRITON_INTERPRET=1 before kernels/ is imported; triton reads it when @triton.jit decorates
-a kernel, so the kernels become interpreted functions that run on CPU tensors (checked first below).
+On a machine without CUDA, conftest.py sets TRITON_INTERPRET=1 before kernels/ is imported; triton reads it
+when @triton.jit decorates a kernel, so the kernels become interpreted functions that run on CPU tensors
+(checked first below). With CUDA the kernels compile instead; tests/test_gpu.py checks them on the GPU.
 Shapes are small and odd on purpose: non-power-of-two widths, head_dim 24, ragged cache lengths, several
 blocks per row so the online loops really loop. Triton is optional (Linux wheels only): the Triton tests skip
 without it, and one test runs model.py in a process where importing triton fails."""
@@ -28,6 +29,9 @@ rp = importlib.import_module("kernels.rope")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = [torch.float32, torch.bfloat16]
 needs_triton = pytest.mark.skipif(triton is None, reason="Triton is not installed (it ships Linux wheels only)")
+INTERPRETED = triton is not None and isinstance(rn._rmsnorm_kernel, InterpretedFunction)
+interpreted = pytest.mark.skipif(not INTERPRETED, reason="needs Triton's interpreter: Triton is not installed, or "
+                                 "this machine has CUDA and the kernels compiled (tests/test_gpu.py checks them)")
 
 
 def close(actual, expected, dtype):
@@ -38,7 +42,7 @@ def close(actual, expected, dtype):
         torch.testing.assert_close(actual, expected, rtol=1.6e-2, atol=1e-2)
 
 
-@needs_triton
+@pytest.mark.skipif(triton is None or torch.cuda.is_available(), reason="CPU-only machines with Triton")
 def test_interpreter_is_active():
     for kernel in (rn._rmsnorm_kernel, rp._rope_kernel, da._decode_attention_kernel,
                    ls._logsoftmax_fwd_kernel, ls._logsoftmax_bwd_kernel):
@@ -59,7 +63,7 @@ def test_cpu_without_interpreter_is_a_clear_error():
 # ---------------------------------------------------------------- rmsnorm
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [None, 16])  # one chunk per row / five chunks per row
-@needs_triton
+@interpreted
 def test_rmsnorm_matches_reference(dtype, block):
     g = torch.Generator().manual_seed(0)
     x = (3 * torch.randn(3, 77, generator=g)).to(dtype)
@@ -69,7 +73,7 @@ def test_rmsnorm_matches_reference(dtype, block):
     close(y, rn.rmsnorm_ref(x, w, 1e-6), dtype)
 
 
-@needs_triton
+@interpreted
 def test_rmsnorm_strided_batched_input():
     """q/k norm in Qwen3 normalises each head of a [B, T, H, D] view; a transposed view must work too."""
     g = torch.Generator().manual_seed(1)
@@ -86,7 +90,7 @@ def test_rmsnorm_reference_is_torch_rmsnorm():
 
 # ---------------------------------------------------------------- rope
 @pytest.mark.parametrize("dtype", DTYPES)
-@needs_triton
+@interpreted
 def test_rope_matches_reference_on_strided_views(dtype):
     g = torch.Generator().manual_seed(2)
     B, T, H, D = 2, 5, 3, 24
@@ -120,7 +124,7 @@ def _cache(g, dtype, Bmax=5, Hkv=2, L=40, D=24):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_n", [None, 16])  # length 33 takes one block / three blocks
-@needs_triton
+@interpreted
 def test_decode_attention_gqa_ragged_rows(dtype, block_n):
     g = torch.Generator().manual_seed(3)
     k, v = _cache(g, dtype)
@@ -132,7 +136,7 @@ def test_decode_attention_gqa_ragged_rows(dtype, block_n):
 
 
 @pytest.mark.parametrize("hq,hkv", [(3, 3), (6, 2)])  # plain MHA; a group of 3 (not a power of two)
-@needs_triton
+@interpreted
 def test_decode_attention_group_sizes_and_scale(hq, hkv):
     """Also int32 rows/lengths and a full-length row (40 of 40 slots)."""
     g = torch.Generator().manual_seed(4)
@@ -143,7 +147,7 @@ def test_decode_attention_group_sizes_and_scale(hq, hkv):
     close(out, da.decode_attention_ref(q, k, v, rows, lengths, scale=0.3), torch.float32)
 
 
-@needs_triton
+@interpreted
 def test_decode_attention_never_reads_past_length():
     """Cache slots beyond a row's length hold NaN (stale or unwritten memory): the kernel must not touch them."""
     g = torch.Generator().manual_seed(5)
@@ -174,7 +178,7 @@ def test_decode_attention_reference_is_sdpa():
 # ---------------------------------------------------------------- selective log-softmax
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [None, 256])  # V = 1000 in one block / four blocks
-@needs_triton
+@interpreted
 def test_selective_log_softmax_forward_and_backward(dtype, block):
     g = torch.Generator().manual_seed(7)
     N, V = 6, 1000
@@ -193,7 +197,7 @@ def test_selective_log_softmax_forward_and_backward(dtype, block):
     close(a.grad, b.grad, dtype)
 
 
-@needs_triton
+@interpreted
 def test_selective_log_softmax_masked_logits_and_strided_rows():
     """Constrained decoding masks logits to -inf, sometimes a whole leading block; rows may be a view."""
     g = torch.Generator().manual_seed(8)
