@@ -109,8 +109,8 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
 
 
 def decode_attention(q, k_cache, v_cache, rows, lengths, scale=None):
-    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward; decoding never needs one),
-    the torch reference otherwise."""
+    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward; decoding never
+    needs one), the torch reference otherwise."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
     if q.is_cuda and triton is not None and not needs_grad:
         return decode_attention_triton(q, k_cache, v_cache, rows, lengths, scale)

@@ -56,7 +56,8 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
             x = tl.load(logits_ptr + row * row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
             onehot = tl.where(cols == target, 1.0, 0.0)
             grad = g * (onehot - tl.exp(x - lse))
-            tl.store(grad_logits_ptr + row * grad_row_stride + cols, grad.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+            tl.store(grad_logits_ptr + row * grad_row_stride + cols, grad.to(grad_logits_ptr.dtype.element_ty),
+                     mask=mask)
 
 
     def _default_block(V: int) -> int:
@@ -92,7 +93,8 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
             return grad_logits, None, None
 
 
-    def selective_log_softmax_triton(logits: torch.Tensor, targets: torch.Tensor, *, block: int | None = None) -> torch.Tensor:
+    def selective_log_softmax_triton(logits: torch.Tensor, targets: torch.Tensor, *,
+                                     block: int | None = None) -> torch.Tensor:
         """Same contract as selective_log_softmax_ref, forward and backward. Targets are not range-checked on
         the GPU (that would cost a device sync); `block` overrides the column block width (a power of two)."""
         if logits.dim() != 2 or targets.shape != (logits.shape[0],):

@@ -58,7 +58,8 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward), the torch reference otherwise."""
+    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward), the torch
+    reference otherwise."""
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if x.is_cuda and triton is not None and not needs_grad:
         return rmsnorm_triton(x, weight, eps)

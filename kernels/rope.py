@@ -64,7 +64,8 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward), the torch reference otherwise."""
+    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward), the torch
+    reference otherwise."""
     if x.is_cuda and triton is not None and not (torch.is_grad_enabled() and x.requires_grad):
         return apply_rope_triton(x, cos, sin)
     return apply_rope_ref(x, cos, sin)

@@ -1,4 +1,5 @@
-"""The GPU check: `python -m pytest -q tests/test_gpu.py` on any machine with CUDA (skipped elsewhere).
+"""The GPU check: `python -m pytest -q tests/test_gpu.py` on any machine with CUDA (skipped elsewhere, but
+for a CPU smoke test of `python bench.py gpu`).
 
 With CUDA, conftest.py leaves TRITON_INTERPRET unset, so the Triton kernels compile for the GPU. Checked here:
 each compiled kernel against its torch reference in fp32 and bf16 (the odd shapes of tests/test_kernels.py
@@ -7,17 +8,18 @@ plus Qwen2.5-0.5B-sized ones); that model.py's dispatch really takes the Triton 
 against a plain log-softmax recomputation and against the sampler's own log-probs.
 """
 import importlib
+import re
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
+import bench
 from kernels._triton import InterpretedFunction, triton
 from model import ByteTokenizer, Constraint, Transformer, generate, token_logprobs
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.skipif(triton is None, reason="Triton is not installed")]
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or triton is None, reason="needs a CUDA GPU and Triton")
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
 
@@ -44,6 +46,7 @@ def close(actual, expected, dtype):
         torch.testing.assert_close(actual, expected, rtol=1.6e-2, atol=1e-2)
 
 
+@cuda
 def test_kernels_are_compiled_not_interpreted():
     for kernel in (rn._rmsnorm_kernel, rp._rope_kernel, da._decode_attention_kernel,
                    ls._logsoftmax_fwd_kernel, ls._logsoftmax_bwd_kernel):
@@ -54,6 +57,7 @@ def test_kernels_are_compiled_not_interpreted():
 # ---------------------------------------------------------------- kernels against their references
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols,block", [(3, 77, None), (3, 77, 16), (4096, 896, None), (5, 10000, None)])
+@cuda
 def test_rmsnorm(dtype, rows, cols, block):
     """Odd widths, a five-chunk loop, the 0.5B hidden size, and a row wider than the largest block (8192)."""
     g = torch.Generator().manual_seed(0)
@@ -64,6 +68,7 @@ def test_rmsnorm(dtype, rows, cols, block):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@cuda
 def test_rmsnorm_per_head_strided_view(dtype):
     """Qwen3's q/k norm: each head of a transposed [B, H, T, D] view."""
     g = torch.Generator().manual_seed(1)
@@ -73,6 +78,7 @@ def test_rmsnorm_per_head_strided_view(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,H,D", [(2, 5, 3, 24), (8, 128, 14, 64)])
+@cuda
 def test_rope_on_a_fused_projection_view(dtype, B, T, H, D):
     g = torch.Generator().manual_seed(2)
     x = randn(B, T, 3 * H + 1, D, g=g, dtype=dtype)[:, :, 1:1 + H]  # non-contiguous, as q/k views are
@@ -94,6 +100,7 @@ DECODE_SHAPES = {  # (Bmax, Hq, Hkv, L, D, rows, lengths, block_n)
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", list(DECODE_SHAPES))
+@cuda
 def test_decode_attention(dtype, shape):
     """Ragged lengths, rows addressed out of order; cache slots past each length hold NaN and must not be read."""
     Bmax, Hq, Hkv, L, D, rows, lengths, block_n = DECODE_SHAPES[shape]
@@ -113,6 +120,7 @@ def test_decode_attention(dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,V,block", [(6, 1000, None), (6, 1000, 256), (64, 151936, None)])
+@cuda
 def test_selective_log_softmax_forward_and_backward(dtype, N, V, block):
     g = torch.Generator().manual_seed(4)
     base = randn(N, V, g=g, dtype=dtype, scale=4)
@@ -130,6 +138,7 @@ def test_selective_log_softmax_forward_and_backward(dtype, N, V, block):
     close(a.grad, b.grad, dtype)
 
 
+@cuda
 def test_selective_log_softmax_masked_leading_block():
     """Constrained decoding masks logits to -inf, here the whole first block; rows are a strided view."""
     g = torch.Generator().manual_seed(5)
@@ -166,6 +175,7 @@ def _prompts(n, lo, hi, V, seed):
             for _ in range(n)]
 
 
+@cuda
 def test_cuda_dispatch_takes_the_triton_path(ckpt, monkeypatch):
     """Counts the calls into each op's Triton and reference function while model.py decodes and trains on
     CUDA: decoding (no grad) uses only the Triton kernels; token_logprobs' backward needs autograd, so it
@@ -199,6 +209,7 @@ TIE = {torch.float32: 1e-3, torch.bfloat16: 0.25}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@cuda
 def test_greedy_generate_equals_transformers_on_cuda(ckpt, dtype):
     ours = Transformer.from_pretrained(ckpt, dtype=dtype, device=DEV)
     hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(DEV).eval()
@@ -223,6 +234,7 @@ def test_greedy_generate_equals_transformers_on_cuda(ckpt, dtype):
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 6e-2)])
+@cuda
 def test_token_logprobs_equals_plain_recomputation_on_cuda(ckpt, dtype, atol):
     """Against log_softmax(model(tokens)) gathered at the targets: values and (fp32) the gradient. bf16: both
     sides take bf16 logits, so they differ by about one bf16 rounding of a logit (2^-8 of its size)."""
@@ -243,6 +255,7 @@ def test_token_logprobs_equals_plain_recomputation_on_cuda(ckpt, dtype, atol):
         torch.testing.assert_close(g1, g2, rtol=1e-3, atol=1e-5)
 
 
+@cuda
 def test_sampled_logprobs_equal_token_logprobs_on_cuda():
     """On-policy, the training recomputation reproduces what the CUDA sampler reported: same temperature,
     top-k, top-p and constraint masks; the decode path (Triton) and the training path (references + Triton
@@ -265,3 +278,26 @@ def test_sampled_logprobs_equal_token_logprobs_on_cuda():
     lp = token_logprobs(tiny, toks.to(DEV), mask.to(DEV), allowed=allowed, **kw).cpu()
     for b, (p, s) in enumerate(zip(prompts, out)):
         torch.testing.assert_close(lp[b, len(p):len(p) + len(s.tokens)], torch.tensor(s.logprobs), rtol=0, atol=1e-4)
+
+
+# ---------------------------------------------------------------- bench.py gpu
+def test_bench_gpu_runs_on_cpu_small(capsys):
+    """The benchmark's own code on a tiny shape on CPU: every row of its table has both sides' figures."""
+    threads = torch.get_num_threads()
+    try:
+        bench.main(["gpu", "--device", "cpu", "--small", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for key in ("generate tok/s", "decode tok/s", "train tok/s", "decode share of peak %"):
+        row = re.search(rf"{re.escape(key)}\s+(\S+)\s+(\S+)\s+(\S+)x", out)
+        assert row and all(float(v) > 0 for v in row.groups()), (key, out)
+    assert re.search(r"generate peak MiB\s+-", out)  # memory is measured on CUDA only
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_bench_gpu_without_cuda_is_a_one_line_error():
+    with pytest.raises(SystemExit) as e:
+        bench.main(["gpu"])
+    msg = str(e.value)
+    assert "no CUDA device" in msg and "--device cpu --small" in msg and "\n" not in msg
