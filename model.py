@@ -12,8 +12,8 @@ Around it:
   - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
     top-p and constraint masks), chunked over the vocabulary projection.
 The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from kernels/, which
-runs Triton on CUDA and plain torch elsewhere. crl.py (rollouts, losses) and bank.py (the decoder embedder)
-are the callers.
+runs Triton on CUDA (where Triton is installed) and plain torch elsewhere. crl.py (rollouts, losses) and
+bank.py (the decoder embedder) are the callers.
 """
 import json
 import math
