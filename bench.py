@@ -10,6 +10,9 @@
   python bench.py env       steps/s of envs.py's text wrappers vs the raw MiniHack gym env (same seeds and random
                             actions: the ratio is the cost of the text); Sokoban steps/s (no reference)
   python bench.py kernels   each Triton kernel vs its torch reference on the same inputs (CUDA only)
+  python bench.py gpu       on one GPU, a Qwen2.5-0.5B-shaped random checkpoint in bf16: generate and decode
+                            tokens/s, training tokens/s and peak memory, ours vs transformers; decode's FLOP/s
+                            as a share of a large bf16 matmul's (CUDA; `--device cpu --small` smoke-tests it)
   python bench.py step      seconds per crl.train_step on the tiny preset, mode crl vs mode grpo (same seeds and
                             groups): the cost of co-evolving the extractor and the bank, split by phase
 
@@ -17,6 +20,7 @@
 """
 import argparse
 import json
+import math
 import os
 import random
 import resource
@@ -40,6 +44,18 @@ def _timed(fn, cuda=False):
     if cuda:
         torch.cuda.synchronize()
     return out, time.perf_counter() - t
+
+
+def _timed_peak(fn, device) -> tuple[float, float]:
+    """(wall seconds, peak MiB allocated during fn above what was allocated before it); on CUDA only, the
+    peak is nan elsewhere."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    _, dt = _timed(fn, cuda)
+    return dt, (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
 
 
 def _pct(seconds) -> tuple[float, float]:
@@ -71,12 +87,16 @@ def _checkpoint(path: str) -> str:
     return path
 
 
-def _hf_model(path):
-    from transformers import AutoModelForCausalLM
+def _quiet_transformers():
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _hf_model(path, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+    _quiet_transformers()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
 def bench_generate(a):
@@ -160,18 +180,21 @@ def bench_generate(a):
     print(f"  ratio                             {t_hf / t_ours:7.2f} x")
 
 
-def _train_one(a):
-    """One side of the train benchmark, in its own process (so the peaks don't mix): prints JSON
-    {seconds, peak_mb}."""
-    from model import Transformer, token_logprobs
-    torch.manual_seed(0)
-    model = Transformer.from_pretrained(a.ckpt) if a.side == "ours" else _hf_model(a.ckpt).train()
-    V = model.config.vocab_size
-    tokens = torch.randint(1, V, (a.batch, a.seq))
-    lengths = torch.randint(a.seq // 2, a.seq + 1, (a.batch,))
-    mask = torch.arange(a.seq)[None, :] < lengths[:, None]
+def _train_batch(V: int, batch: int, seq: int, device="cpu"):
+    """Right-padded random sequences of seq/2 to seq tokens and the mask of the scored ones (a first eighth,
+    the "prompt", is not scored)."""
+    tokens = torch.randint(1, V, (batch, seq))
+    lengths = torch.randint(seq // 2, seq + 1, (batch,))
+    mask = torch.arange(seq)[None, :] < lengths[:, None]
     tokens = tokens.masked_fill(~mask, 0)
-    mask[:, : a.seq // 8] = False  # a "prompt" part that is not scored
+    mask[:, : seq // 8] = False
+    return tokens.to(device), mask.to(device)
+
+
+def _logprob_step(side: str, model, tokens, mask):
+    """One forward + backward of the summed log-probs of the masked tokens: ours through token_logprobs,
+    transformers' through the full logits, a log-softmax and a gather."""
+    from model import token_logprobs
 
     def ours_step():
         token_logprobs(model, tokens, mask).sum().backward()
@@ -180,8 +203,17 @@ def _train_one(a):
         logits = model(tokens).logits.float()
         lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, tokens[:, 1:, None])[..., 0]
         (lp * mask[:, 1:]).sum().backward()
+    return ours_step if side == "ours" else hf_step
 
-    step = ours_step if a.side == "ours" else hf_step
+
+def _train_one(a):
+    """One side of the train benchmark, in its own process (so the peaks don't mix): prints JSON
+    {seconds, peak_mb}."""
+    from model import Transformer
+    torch.manual_seed(0)
+    model = Transformer.from_pretrained(a.ckpt) if a.side == "ours" else _hf_model(a.ckpt).train()
+    tokens, mask = _train_batch(model.config.vocab_size, a.batch, a.seq)
+    step = _logprob_step(a.side, model, tokens, mask)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _, dt = _timed(step)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -384,11 +416,7 @@ def bench_kernels(a):
         return _timed(lambda: [fn() for _ in range(iters)], cuda=True)[1] / iters * 1e3
 
     def peak_mib(fn):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        _timed(fn, cuda=True)
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        return _timed_peak(fn, "cuda")[1]
 
     def row(name, ours, ref, unit="ms"):
         print(f"{name:<44} triton {ours:9.3f} {unit}   torch {ref:9.3f} {unit}   ratio (torch/triton) "
@@ -422,6 +450,128 @@ def bench_kernels(a):
     ref = peak_mib(fwd_bwd(selective_log_softmax_ref))
     row("  peak extra memory", ours, ref, unit="MiB")
 
+
+# ---------------------------------------------------------------------------------------------------------
+# gpu: a Qwen2.5-0.5B-shaped random checkpoint on one GPU in bf16, ours against transformers, and how much of
+# the GPU's matmul peak our decoding reaches
+
+QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                  rope_theta=1e6, tie_word_embeddings=True)
+GPU_SIZES = dict(batch=32, prompt=128, new=128, train_batch=8, seq=1024, matmul=8192)
+SMALL = dict(QWEN25_05B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2)  # --small: the same code on a CPU in seconds
+SMALL_SIZES = dict(batch=4, prompt=16, new=8, train_batch=2, seq=64, matmul=256)
+
+
+def _random_qwen2(shape: dict, path: str):
+    """transformers' own Qwen2 with its random init, saved in bf16: what both sides load."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    _quiet_transformers()
+    torch.manual_seed(0)
+    cfg = Qwen2Config(**shape, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+
+
+def _matmul_flops(n: int, device, reps=20) -> float:
+    """FLOP/s of an n^3 bf16 torch.matmul: the practical peak the decode figure is a share of."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    _, dt = _timed(lambda: [a @ b for _ in range(reps)], torch.device(device).type == "cuda")
+    return 2 * n ** 3 * reps / dt
+
+
+def _decode_flops_per_token(model, context: float) -> float:
+    """2 FLOPs per weight of every matmul a token goes through (all nn.Linear weights, lm_head included),
+    plus attention over `context` cached positions: q.k and p.v, 2 * 2 * heads * head_dim per position and
+    layer."""
+    c = model.config
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return 2 * weights + 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
+
+
+def _gpu_side(run_generate, train_step, a, device) -> dict:
+    """One side's figures: generate (prefill + a.new tokens) time and peak; decode time alone, as generate
+    minus a one-token generate of the same prompts; forward + backward time and peak (after a warm-up)."""
+    run_generate(min(2, a.batch), 4)  # warm-up: Triton compiles, allocator pools
+    t_gen, mem_gen = _timed_peak(lambda: run_generate(a.batch, a.new), device)
+    t_first, _ = _timed_peak(lambda: run_generate(a.batch, 1), device)
+    train_step()
+    t_train, mem_train = min((_timed_peak(train_step, device) for _ in range(3)), key=lambda r: r[0])
+    return {"generate tok/s": a.batch * a.new / t_gen, "generate peak MiB": mem_gen,
+            "decode tok/s": a.batch * (a.new - 1) / (t_gen - t_first),
+            "train tok/s": a.train_batch * a.seq / t_train, "train peak MiB": mem_train}
+
+
+def bench_gpu(a):
+    from model import Transformer, generate
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench gpu: no CUDA device here; run it on a machine with a GPU, or smoke-test the same "
+                         "code on CPU with `python bench.py gpu --device cpu --small`")
+    shape, sizes = (SMALL, SMALL_SIZES) if a.small else (QWEN25_05B, GPU_SIZES)
+    for k, v in sizes.items():
+        setattr(a, k, getattr(a, k) or v)
+    with tempfile.TemporaryDirectory() as path:
+        _random_qwen2(shape, path)
+        ours = Transformer.from_pretrained(path, dtype=torch.bfloat16, device=device)
+        hf = _hf_model(path, torch.bfloat16).to(device)
+    V = shape["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1, V, (a.batch, a.prompt), generator=g)
+    tokens, mask = _train_batch(V, a.train_batch, a.seq, device)
+
+    def ours_generate(b, n):
+        out = generate(ours, prompts[:b].tolist(), n, temperature=1.0, seed=0)
+        assert all(len(s.tokens) == n for s in out)
+
+    def hf_generate(b, n):
+        torch.manual_seed(0)
+        x = prompts[:b].to(device)
+        with torch.no_grad():
+            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+        assert out.shape == (b, a.prompt + n)
+
+    def train_step(side, model):
+        step = _logprob_step(side, model, tokens, mask)
+
+        def from_no_grads():  # every timed step allocates its gradients alike
+            model.zero_grad(set_to_none=True)
+            step()
+        return from_no_grads
+
+    res = {"ours": _gpu_side(ours_generate, train_step("ours", ours), a, device),
+           "transformers": _gpu_side(hf_generate, train_step("hf", hf), a, device)}
+    peak = _matmul_flops(a.matmul, device)
+    per_token = _decode_flops_per_token(ours, a.prompt + a.new / 2)
+    for r in res.values():
+        r["decode TFLOP/s"] = r["decode tok/s"] * per_token / 1e12
+        r["decode share of peak %"] = 100 * r["decode tok/s"] * per_token / peak
+    _print_gpu_table(a, ours, device, res, peak, per_token)
+
+
+def _print_gpu_table(a, ours, device, res, peak, per_token):
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"gpu  {name}: {'small' if a.small else 'Qwen2.5-0.5B'}-shaped random Qwen2, "
+          f"{ours.num_params() / 1e6:.1f}M params, bf16, both sides on the same weights")
+    print(f"  generate: batch {a.batch} x prompt {a.prompt} + {a.new} sampled tokens (temperature 1, every row the "
+          f"full length); decode = generate minus a 1-token generate (prefill)")
+    print(f"  train: token_logprobs vs transformers' logits + log-softmax + gather, fwd + bwd, batch "
+          f"{a.train_batch} x {a.seq}")
+    print("  peak MiB: torch.cuda.max_memory_allocated during the call above what was allocated before it (the "
+          "weights; gradients are included in train)")
+    print(f"  matmul peak: {a.matmul}^3 bf16 torch.matmul {peak / 1e12:.4g} TFLOP/s; decode FLOPs/token = 2 x "
+          f"matmul weights + 4 x layers x heads x head_dim x mean context = {per_token / 1e9:.4g} GFLOP")
+    print(f"  {'':24s} {'ours':>12s} {'transformers':>13s} {'ours better by':>15s}")
+    for key in res["ours"]:
+        o, h = res["ours"][key], res["transformers"][key]
+        if math.isnan(o):
+            print(f"  {key:24s} {'-':>12s} {'-':>13s} {'-':>15s}   (CUDA only)")
+            continue
+        better = h / o if "MiB" in key else o / h  # memory: less is better
+        print(f"  {key:24s} {o:12.4g} {h:13.4g} {better:14.2f}x")
 
 # ---------------------------------------------------------------------------------------------------------
 # step: one training iteration with the extractor and bank (crl) against the actor alone (grpo)
@@ -468,7 +618,7 @@ def bench_step(a):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="what", metavar="{generate,train,bank,env,kernels,step}")
+    sub = p.add_subparsers(dest="what", metavar="{generate,train,bank,env,kernels,gpu,step}")
 
     def model_parser(name, help, train_one=False):
         s = sub.add_parser(name, help=help) if help else sub.add_parser(name)
@@ -504,6 +654,14 @@ def parse_args(argv=None):
 
     sub.add_parser("kernels", help="Triton kernels vs torch references (CUDA only)")
 
+    gp = sub.add_parser("gpu", help="0.5B-shaped bf16 model on one GPU: generate, train, memory, share of peak")
+    gp.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --small, a smoke test)")
+    gp.add_argument("--small", action="store_true", help="a tiny shape and sizes, so the same code runs on CPU")
+    gp.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave as is)")
+    for k, v in GPU_SIZES.items():
+        gp.add_argument(f"--{k.replace('_', '-')}", type=int, default=0,
+                        help=f"default {v} ({SMALL_SIZES[k]} with --small)")
+
     s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset)")
     s.add_argument("--tasks", default="room")
     s.add_argument("--groups", type=int, default=2)
@@ -528,7 +686,7 @@ def main(argv=None):
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     {"generate": bench_generate, "train": bench_train, "_train_one": _train_one, "bank": bench_bank,
-     "env": bench_env, "kernels": bench_kernels, "step": bench_step}[args.what](args)
+     "env": bench_env, "kernels": bench_kernels, "gpu": bench_gpu, "step": bench_step}[args.what](args)
 
 
 if __name__ == "__main__":

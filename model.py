@@ -12,8 +12,8 @@ Around it:
   - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
     top-p and constraint masks), chunked over the vocabulary projection.
 The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from kernels/, which
-runs Triton on CUDA and plain torch elsewhere. crl.py (rollouts, losses) and bank.py (the decoder embedder)
-are the callers.
+runs Triton on CUDA (where Triton is installed) and plain torch elsewhere. crl.py (rollouts, losses) and
+bank.py (the decoder embedder) are the callers.
 """
 import json
 import math
@@ -82,32 +82,10 @@ class ModelConfig:
     def from_hf(cls, d: dict) -> "ModelConfig":
         """Parse a config.json dict; refuses what this decoder would silently compute wrong."""
         d = dict(d)
-        archs = d.pop("architectures", None) or []
-        arch = archs[0] if archs else {v: k for k, v in ARCHITECTURES.items()}.get(d.get("model_type"))
-        if arch not in ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {arch or d.get('model_type')!r}; supported: "
-                             f"{', '.join(ARCHITECTURES)}")
-        d.pop("model_type", None)
-        act = d.pop("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"unsupported hidden_act {act!r} in config.json; only 'silu' is supported")
-        if d.get("use_sliding_window"):
-            raise ValueError("config.json sets use_sliding_window=true; sliding-window attention is not supported")
-        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
-            if k not in d:
-                raise ValueError(f"config.json has no {k!r}")
+        arch = _supported_architecture(d)
         heads = d["num_attention_heads"]
         head_dim = d.pop("head_dim", None) or d["hidden_size"] // heads
-        # rope: transformers 5 writes rope_parameters (theta inside); older configs rope_theta + rope_scaling
-        rp = dict(d.pop("rope_parameters", None) or {})
-        scaling = d.pop("rope_scaling", None)
-        if scaling:
-            rp.update(scaling)
-        theta = float(rp.pop("rope_theta", d.pop("rope_theta", 10000.0)))
-        d.pop("rope_theta", None)
-        rtype = rp.pop("rope_type", rp.pop("type", "default"))
-        if rtype not in ROPE_TYPES:
-            raise ValueError(f"unsupported rope type {rtype!r}; supported: {', '.join(ROPE_TYPES)}")
+        theta, scaling = _rope_from_hf(d)
         c = cls(
             architecture=arch,
             vocab_size=d.pop("vocab_size"),
@@ -120,7 +98,7 @@ class ModelConfig:
             max_position_embeddings=d.pop("max_position_embeddings", 8192),
             rms_norm_eps=float(d.pop("rms_norm_eps", 1e-6)),
             rope_theta=theta,
-            rope_scaling=None if rtype == "default" else {"rope_type": rtype, **rp},
+            rope_scaling=scaling,
             attention_bias=bool(d.pop("attention_bias", False)),
             mlp_bias=bool(d.pop("mlp_bias", False)),
             tie_word_embeddings=bool(d.pop("tie_word_embeddings", False)),
@@ -152,6 +130,39 @@ class ModelConfig:
         if self.architecture == "LlamaForCausalLM":
             d["mlp_bias"] = self.mlp_bias
         return d
+
+
+def _supported_architecture(d: dict) -> str:
+    """The architecture name of a config.json dict (popping the keys that say it), or a clear error for
+    anything this decoder does not compute: another family, another activation, sliding-window attention."""
+    archs = d.pop("architectures", None) or []
+    arch = archs[0] if archs else {v: k for k, v in ARCHITECTURES.items()}.get(d.get("model_type"))
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {arch or d.get('model_type')!r}; supported: "
+                         f"{', '.join(ARCHITECTURES)}")
+    d.pop("model_type", None)
+    act = d.pop("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"unsupported hidden_act {act!r} in config.json; only 'silu' is supported")
+    if d.get("use_sliding_window"):
+        raise ValueError("config.json sets use_sliding_window=true; sliding-window attention is not supported")
+    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
+        if k not in d:
+            raise ValueError(f"config.json has no {k!r}")
+    return arch
+
+
+def _rope_from_hf(d: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None), popped from a config.json dict: transformers 5 writes
+    rope_parameters (theta inside); older configs rope_theta + rope_scaling."""
+    rp = dict(d.pop("rope_parameters", None) or {})
+    rp.update(d.pop("rope_scaling", None) or {})
+    theta = float(rp.pop("rope_theta", d.pop("rope_theta", 10000.0)))
+    d.pop("rope_theta", None)
+    rtype = rp.pop("rope_type", rp.pop("type", "default"))
+    if rtype not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope type {rtype!r}; supported: {', '.join(ROPE_TYPES)}")
+    return theta, None if rtype == "default" else {"rope_type": rtype, **rp}
 
 
 def rope_inv_freq(c: ModelConfig) -> torch.Tensor:
@@ -204,6 +215,25 @@ class _CacheStep:
     mask: torch.Tensor = None      # prefill: [B, 1, T, Lmax] which cached keys each new token sees
     lengths: torch.Tensor = None   # decode: [B] cache length including the new token
 
+    @classmethod
+    def for_prefill(cls, session, rows: torch.Tensor, n: torch.Tensor, T: int) -> "_CacheStep":
+        """rows[b] gets n[b] new tokens (right-padded to T) after the session's cached ones."""
+        start = session.lengths[rows]
+        steps = torch.arange(T, device=rows.device)
+        positions = start[:, None] + steps
+        wb, wt = (steps[None, :] < n[:, None]).nonzero(as_tuple=True)
+        end = start + n
+        key = torch.arange(int(end.max()), device=rows.device)
+        mask = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None])
+        return cls(session.k, session.v, rows, positions, decode=False, write_b=wb, write_t=wt,
+                   write_row=rows[wb], write_pos=positions[wb, wt], mask=mask[:, None])
+
+    @classmethod
+    def for_decode(cls, session, rows: torch.Tensor) -> "_CacheStep":
+        """One new token for each of `rows`, after the session's cached ones."""
+        pos = session.lengths[rows]
+        return cls(session.k, session.v, rows, pos[:, None], decode=True, lengths=pos + 1)
+
 
 class Attention(nn.Module):
     def __init__(self, c: ModelConfig, layer_idx: int):
@@ -226,24 +256,34 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # plain causal forward (training, scoring): no cache at all
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=self.nq != self.nkv)
-            return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+            o = self._attend(q, k.transpose(1, 2), v.transpose(1, 2), mask)
+        elif cache.decode:
+            o = self._decode(q, k, v, cache)
+        else:
+            o = self._prefill(q, k, v, cache)
+        return self.o_proj(o.reshape(B, T, -1))
+
+    def _attend(self, q, k, v, mask):
+        """q [B, T, Hq, D] over keys/values [B, Hkv, L, D] -> [B, T, Hq, D]; causal when mask is None."""
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=self.nq != self.nkv)
+        return o.transpose(1, 2)
+
+    def _decode(self, q, k, v, cache: _CacheStep):
+        """One token per row: write its k/v in place, attend over the row's cache."""
         kc, vc = cache.k[self.layer_idx], cache.v[self.layer_idx]
-        if cache.decode:  # one token per row: write its k/v in place, attend over the row's cache
-            pos = cache.positions[:, 0]
-            kc[cache.rows, :, pos] = k[:, 0]
-            vc[cache.rows, :, pos] = v[:, 0]
-            o = decode_attention(q[:, 0], kc, vc, cache.rows, cache.lengths)
-            return self.o_proj(o.reshape(B, 1, -1))
-        # prefill of ragged new tokens: write the real ones, then attend over each row's history + new tokens
+        pos = cache.positions[:, 0]
+        kc[cache.rows, :, pos] = k[:, 0]
+        vc[cache.rows, :, pos] = v[:, 0]
+        return decode_attention(q[:, 0], kc, vc, cache.rows, cache.lengths)
+
+    def _prefill(self, q, k, v, cache: _CacheStep):
+        """Ragged new tokens: write the real ones, then attend over each row's history and new tokens."""
+        kc, vc = cache.k[self.layer_idx], cache.v[self.layer_idx]
         kc[cache.write_row, :, cache.write_pos] = k[cache.write_b, cache.write_t]
         vc[cache.write_row, :, cache.write_pos] = v[cache.write_b, cache.write_t]
         L = cache.mask.shape[-1]
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), kc[cache.rows, :, :L], vc[cache.rows, :, :L],
-                                           attn_mask=cache.mask, enable_gqa=self.nq != self.nkv)
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        return self._attend(q, kc[cache.rows, :, :L], vc[cache.rows, :, :L], cache.mask)
 
 
 class MLP(nn.Module):
@@ -375,36 +415,14 @@ class Transformer(nn.Module):
         """A HF checkpoint directory (config.json + model.safetensors, or shards listed in
         model.safetensors.index.json) -> model. Weights keep their stored dtype unless `dtype` is given."""
         path = os.fspath(path)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
-        cfg_file = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_file):
-            raise FileNotFoundError(f"no config.json in {path!r}; expected a Hugging Face checkpoint directory")
-        with open(cfg_file) as f:
-            config = ModelConfig.from_hf(json.load(f))
-        files = _weight_files(path)
+        config = _read_config(path)
         device = torch.device(device or "cpu")
         with torch.device("meta"):
             model = cls(config)
         want = {_hf_name(n): n for n, _ in model.named_parameters(remove_duplicate=False)}
         if config.tie_word_embeddings:
             want.pop("lm_head.weight")
-        from safetensors import safe_open
-        state = {}
-        for fname in files:
-            with safe_open(os.path.join(path, fname), framework="pt", device=str(device)) as f:
-                for key in f.keys():
-                    if key in want:
-                        t = f.get_tensor(key)
-                        state[want[key]] = t.to(dtype) if dtype is not None else t
-                    elif not (key.endswith("rotary_emb.inv_freq") or key == "lm_head.weight"):
-                        raise ValueError(f"unexpected tensor {key!r} in {fname} for {config.architecture}; "
-                                         f"is config.json the one for these weights?")
-        missing = [k for k, n in want.items() if n not in state]
-        if missing:
-            raise ValueError(f"weight {missing[0]!r} missing from the safetensors files in {path!r}"
-                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        model.load_state_dict(state, strict=False, assign=True)
+        model.load_state_dict(_read_weights(path, want, config, device, dtype), strict=False, assign=True)
         if config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         model.inv_freq = rope_inv_freq(config).to(device)
@@ -423,6 +441,37 @@ class Transformer(nn.Module):
         if self.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _read_config(path: str) -> ModelConfig:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_file):
+        raise FileNotFoundError(f"no config.json in {path!r}; expected a Hugging Face checkpoint directory")
+    with open(cfg_file) as f:
+        return ModelConfig.from_hf(json.load(f))
+
+
+def _read_weights(path: str, want: dict, config: ModelConfig, device, dtype) -> dict:
+    """Our state dict from the checkpoint's safetensors files: `want` maps each HF tensor name to our
+    parameter name; a tensor it does not name, or a name no file holds, is an error."""
+    from safetensors import safe_open
+    state = {}
+    for fname in _weight_files(path):
+        with safe_open(os.path.join(path, fname), framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                if key in want:
+                    t = f.get_tensor(key)
+                    state[want[key]] = t.to(dtype) if dtype is not None else t
+                elif not (key.endswith("rotary_emb.inv_freq") or key == "lm_head.weight"):
+                    raise ValueError(f"unexpected tensor {key!r} in {fname} for {config.architecture}; "
+                                     f"is config.json the one for these weights?")
+    missing = [k for k, n in want.items() if n not in state]
+    if missing:
+        raise ValueError(f"weight {missing[0]!r} missing from the safetensors files in {path!r}"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return state
 
 
 def _weight_files(path: str) -> list[str]:
@@ -553,30 +602,44 @@ def filter_logits(z: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top
         return z
     if temperature != 1:
         z = z / temperature
-    V = z.shape[-1]
-    if (0 < top_k < V) or top_p < 1:
-        with torch.no_grad():
-            drop = torch.zeros_like(z, dtype=torch.bool)
-            if 0 < top_k < V:
-                drop |= z < torch.topk(z, top_k, dim=-1).values[:, -1:]
-            if top_p < 1:
-                p = torch.softmax(z.masked_fill(drop, float("-inf")), dim=-1)
-                sp, si = torch.sort(p, dim=-1, descending=True)
-                before = sp.cumsum(-1) - sp  # mass of the more likely tokens
-                drop |= torch.zeros_like(drop).scatter(-1, si, before >= top_p)
-            if keep is not None:
-                drop[torch.arange(len(keep), device=z.device), keep] = False
-        z = z.masked_fill(drop, float("-inf"))
+    if (0 < top_k < z.shape[-1]) or top_p < 1:
+        z = z.masked_fill(_truncated(z, top_k, top_p, keep), float("-inf"))
     return z
 
 
-def _check_sampling(temperature, top_k, top_p):
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+@torch.no_grad()
+def _truncated(z: torch.Tensor, top_k: int, top_p: float, keep: torch.Tensor | None) -> torch.Tensor:
+    """[N, V] bool: the tokens top-k and then top-p drop from the tempered logits z, never those in `keep`."""
+    drop = torch.zeros_like(z, dtype=torch.bool)
+    if 0 < top_k < z.shape[-1]:
+        drop |= z < torch.topk(z, top_k, dim=-1).values[:, -1:]
+    if top_p < 1:
+        p = torch.softmax(z.masked_fill(drop, float("-inf")), dim=-1)
+        sp, si = torch.sort(p, dim=-1, descending=True)
+        before = sp.cumsum(-1) - sp  # mass of the more likely tokens
+        drop |= torch.zeros_like(drop).scatter(-1, si, before >= top_p)
+    if keep is not None:
+        drop[torch.arange(len(keep), device=z.device), keep] = False
+    return drop
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampler's settings, checked once: generate draws under them, token_logprobs recomputes under them."""
+    temperature: float = 1.0          # 0 = greedy
+    top_k: int = 0                    # 0 = off
+    top_p: float = 1.0                # 1 = off
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    def filter(self, z, allow=None, keep=None) -> torch.Tensor:
+        return filter_logits(z, self.temperature, self.top_k, self.top_p, allow, keep)
 
 
 def _allow_mask(n: int, V: int, entries: list[tuple[int, list[int]]], device) -> torch.Tensor | None:
@@ -651,6 +714,31 @@ class Constraint:
         return root
 
 
+@dataclass
+class _Stops:
+    """When an unconstrained reply ends: on an id in `ids` (the config's EOS ids and the ids in stop=), or
+    when a stop string appears in the decoded last `tail` tokens of the reply."""
+    ids: set
+    strings: list
+    tokenizer: object
+    tail: int
+
+    @classmethod
+    def parse(cls, config: ModelConfig, stop, tokenizer) -> "_Stops":
+        stop = [stop] if isinstance(stop, (int, str)) else list(stop)
+        strings = [s for s in stop if isinstance(s, str)]
+        if strings and tokenizer is None:
+            raise ValueError("stop strings need tokenizer= to decode the generated text")
+        ids = set(config.eos_token_ids) | {int(s) for s in stop if not isinstance(s, str)}
+        tail = max((len(s.encode("utf-8")) for s in strings), default=0) + 4  # tokens enough to hold a string
+        return cls(ids, strings, tokenizer, tail)
+
+    def hit(self, tokens: list[int]) -> bool:
+        if tokens[-1] in self.ids:
+            return True
+        return bool(self.strings) and any(s in self.tokenizer.decode(tokens[-self.tail:]) for s in self.strings)
+
+
 # -----------------------------------------------------------------------------------------------------------
 # KV-cache session and the generator
 
@@ -691,41 +779,105 @@ class Session:
         if not 0 <= r < self.max_batch:
             raise ValueError(f"row {r} out of range for a Session with max_batch={self.max_batch}")
 
+    def begin_turn(self, rows: list[int], prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """The tokens each row feeds first this turn (its pending ones, then its prompt), once every row is
+        known to have room for them and `max_new_tokens` more; the pending tokens are then taken."""
+        new = []
+        for r, p in zip(rows, prompts):
+            self._check_row(r)
+            x = self.pending.get(r, []) + [int(t) for t in p]
+            if not x:
+                raise ValueError(f"row {r}: nothing to condition on (empty prompt and no history)")
+            need = int(self.lengths[r]) + len(x) + max_new_tokens - 1
+            if need > self.max_len:
+                raise ValueError(f"row {r} needs {need} cache positions but the Session has max_len="
+                                 f"{self.max_len}; create it with a larger max_len or release finished rows")
+            new.append(x)
+        for r in rows:
+            self.pending.pop(r, None)
+        return new
+
     @torch.no_grad()
     def prefill(self, rows: list[int], new: list[list[int]]) -> torch.Tensor:
         """Append `new[i]` (ragged, non-empty) to conversation rows[i] in one batched call; returns the
         fp32 logits [len(rows), V] after each row's last new token."""
         dev = self.model.device
-        B, T = len(rows), max(len(x) for x in new)
-        ids = torch.zeros(B, T, dtype=torch.long)
+        ids = torch.zeros(len(rows), max(len(x) for x in new), dtype=torch.long)
         for i, x in enumerate(new):
             ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
-        ids = ids.to(dev)
         n = torch.tensor([len(x) for x in new], device=dev)
-        rows_t = torch.tensor(rows, device=dev)
-        start = self.lengths[rows_t]
-        positions = start[:, None] + torch.arange(T, device=dev)
-        valid = torch.arange(T, device=dev)[None, :] < n[:, None]
-        wb, wt = valid.nonzero(as_tuple=True)
-        end = start + n
-        L = int(end.max())
-        key = torch.arange(L, device=dev)
-        mask = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None])
-        step = _CacheStep(self.k, self.v, rows_t, positions, decode=False, write_b=wb, write_t=wt,
-                          write_row=rows_t[wb], write_pos=positions[wb, wt], mask=mask[:, None])
-        x = self.model._body(ids, positions, cache=step)
-        last = x[torch.arange(B, device=dev), n - 1]
-        self.lengths[rows_t] = end
-        return self.model.lm_head(self.model.norm(last)).float()
+        step = _CacheStep.for_prefill(self, torch.tensor(rows, device=dev), n, ids.shape[1])
+        x = self.model._body(ids.to(dev), step.positions, cache=step)
+        self.lengths[step.rows] += n
+        return self._logits(x[torch.arange(len(rows), device=dev), n - 1])
 
     @torch.no_grad()
     def decode(self, rows_t: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (rows_t [B] long, tokens [B] long); returns fp32 logits [B, V]."""
-        pos = self.lengths[rows_t]
-        step = _CacheStep(self.k, self.v, rows_t, pos[:, None], decode=True, lengths=pos + 1)
-        x = self.model._body(tokens[:, None], pos[:, None], cache=step)
-        self.lengths[rows_t] = pos + 1
-        return self.model.lm_head(self.model.norm(x[:, 0])).float()
+        step = _CacheStep.for_decode(self, rows_t)
+        x = self.model._body(tokens[:, None], step.positions, cache=step)
+        self.lengths[rows_t] += 1
+        return self._logits(x[:, 0])
+
+    def feed(self, rows: list[int], chunks: list[list[int]]) -> torch.Tensor:
+        """Next-token logits after feeding each row its chunk: one decode step when every chunk is a single
+        token (the usual case), a ragged prefill when some row jumped forward over forced tokens."""
+        if any(len(c) != 1 for c in chunks):
+            return self.prefill(rows, chunks)
+        dev = self.model.device
+        return self.decode(torch.tensor(rows, device=dev), torch.tensor([c[0] for c in chunks], device=dev))
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.model.norm(h)).float()
+
+
+class _Reply:
+    """One reply being generated: its Sample so far, its cache row, its place in its constraint's trie (None
+    while unconstrained) and its tokens not fed to the model yet (the last sampled one and any forced after)."""
+
+    def __init__(self, row: int, constraint: Constraint | None, trie: dict | None):
+        self.sample = Sample([], [], "length", [])
+        self.row, self.node, self.unfed = row, trie, []
+        self.free_after = constraint is not None and constraint.free_after
+
+    def choices(self) -> list[int] | None:
+        """The ids the constraint allows next; None when unconstrained."""
+        return None if self.node is None else [t for t in self.node if t != _END]
+
+    def take(self, token: int, logprob: float, allowed, stops: _Stops, max_new_tokens: int) -> bool:
+        """Append a sampled token and any the constraint forces after it; True while the reply goes on."""
+        self.unfed = []
+        constrained = self.node is not None
+        self._append(token, logprob, allowed)
+        if constrained:
+            self.node = self.node[token]
+            self._jump_forward(max_new_tokens)
+            done = self._completion_ends_reply()
+        else:
+            done = stops.hit(self.sample.tokens)
+        if done:
+            self.sample.finish_reason = "stop"
+        return not done and len(self.sample.tokens) < max_new_tokens
+
+    def _append(self, token, logprob, allowed):
+        self.sample.tokens.append(token)
+        self.sample.logprobs.append(logprob)
+        self.sample.allowed.append(allowed)
+        self.unfed.append(token)
+
+    def _jump_forward(self, max_new_tokens):
+        """A token the constraint forces is appended without a sampling step (its log-prob under the masked
+        distribution is exactly 0) and fed with the sampled one in one chunk."""
+        while _END not in self.node and len(self.node) == 1 and len(self.sample.tokens) < max_new_tokens:
+            (token, self.node), = self.node.items()
+            self._append(token, 0.0, [token])
+
+    def _completion_ends_reply(self) -> bool:
+        """At a complete completion the constraint is over; it ends the reply unless the constraint is a head."""
+        if _END not in self.node:
+            return False
+        self.node = None
+        return not self.free_after
 
 
 def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1.0, top_p=1.0, top_k=0,
@@ -742,106 +894,69 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
     Stops: EOS ids of the model config, ids in `stop`, and strings in `stop` (decoded with `tokenizer`).
     Stop rules apply while a row is unconstrained; a full-completion constraint ends the row itself.
     Randomness: `generator` (on the model's device) or `seed`; with neither, torch's global RNG."""
-    _check_sampling(temperature, top_k, top_p)
     model = getattr(model, "module", model)  # a DDP wrapper's model
+    sampling = Sampling(temperature, top_k, top_p)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    n = len(prompts)
-    if n == 0:
+    if not prompts:
         return []
-    stop = [stop] if isinstance(stop, (int, str)) else list(stop)
-    stop_ids = set(model.config.eos_token_ids) | {int(s) for s in stop if not isinstance(s, str)}
-    stop_strs = [s for s in stop if isinstance(s, str)]
-    if stop_strs and tokenizer is None:
-        raise ValueError("stop strings need tokenizer= to decode the generated text")
-    tail = max((len(s.encode("utf-8")) for s in stop_strs), default=0) + 4  # tokens enough to hold a stop string
-    if constraint is not None and len(constraint) != n:
+    stops = _Stops.parse(model.config, stop, tokenizer)
+    tries = _tries(constraint, len(prompts))
+    _check_token_ids(prompts, model.config.vocab_size)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+    session, rows = _session_rows(model, session, rows, prompts, max_new_tokens)
+    logits = session.prefill(rows, session.begin_turn(rows, prompts, max_new_tokens))
+    replies = [_Reply(r, c, t) for r, c, t in zip(rows, constraint or [None] * len(prompts), tries)]
+    live = replies                                    # in the order of the rows of `logits`
+    while live:
+        tokens, logprobs, allowed = _sample_next(logits, live, sampling, generator)
+        live = [r for r, t, lp, a in zip(live, tokens, logprobs, allowed) if r.take(t, lp, a, stops, max_new_tokens)]
+        if live:                                      # finished rows have left the batch
+            logits = session.feed([r.row for r in live], [r.unfed for r in live])
+    for r in replies:
+        session.pending[r.row] = r.unfed  # sampled or forced, not yet fed: part of the history, prefilled next call
+    return [r.sample for r in replies]
+
+
+def _sample_next(logits: torch.Tensor, replies: list[_Reply], sampling: Sampling, generator=None):
+    """One token per reply from its row of `logits` [len(replies), V], masked to what its constraint allows:
+    (tokens, their log-probs, the allowed ids or None), one list entry per reply."""
+    allowed = [r.choices() for r in replies]
+    entries = [(j, ids) for j, ids in enumerate(allowed) if ids is not None]
+    z = sampling.filter(logits, _allow_mask(len(replies), logits.shape[-1], entries, logits.device))
+    tokens, logprobs = _draw(z, sampling.temperature == 0, generator)
+    return tokens.tolist(), logprobs.tolist(), allowed
+
+
+def _tries(constraint: list | None, n: int) -> list[dict | None]:
+    """One trie per prompt (None: unconstrained), built once per distinct Constraint."""
+    if constraint is None:
+        return [None] * n
+    if len(constraint) != n:
         raise ValueError(f"constraint must have one entry per prompt ({n}), got {len(constraint)}")
-    tries = {id(c): c.trie() for c in (constraint or []) if c is not None}  # one trie per distinct Constraint
-    nodes = [tries[id(c)] if c is not None else None for c in (constraint or [None] * n)]
-    free_after = [c.free_after if c is not None else False for c in (constraint or [None] * n)]
-    V = model.config.vocab_size
+    tries = {id(c): c.trie() for c in constraint if c is not None}
+    return [tries[id(c)] if c is not None else None for c in constraint]
+
+
+def _check_token_ids(prompts: list[list[int]], V: int):
     for p in prompts:
         if any(not 0 <= int(t) < V for t in p):
             raise ValueError(f"prompt token ids must be in [0, {V}); got {[t for t in p if not 0 <= t < V][:3]}")
-    if generator is None and seed is not None:
-        generator = torch.Generator(device=model.device).manual_seed(seed)
 
+
+def _session_rows(model, session: Session | None, rows, prompts, max_new_tokens) -> tuple[Session, list[int]]:
+    """The caller's session and rows, checked; without a session, a temporary one with a row per prompt."""
+    n = len(prompts)
     if session is None:
         if rows is not None:
             raise ValueError("rows= needs session=")
-        session = Session(model, n, max(len(p) for p in prompts) + max_new_tokens)
-        rows = list(range(n))
-    else:
-        if session.model is not model:
-            raise ValueError("this session belongs to a different model")
-        if rows is None or len(rows) != n or len(set(rows)) != n:
-            raise ValueError(f"with session=, rows must list {n} distinct row indices (one per prompt)")
-    new = []
-    for r, p in zip(rows, prompts):
-        session._check_row(r)
-        x = session.pending.get(r, []) + [int(t) for t in p]
-        if not x:
-            raise ValueError(f"row {r}: nothing to condition on (empty prompt and no history)")
-        need = int(session.lengths[r]) + len(x) + max_new_tokens - 1
-        if need > session.max_len:
-            raise ValueError(f"row {r} needs {need} cache positions but the Session has max_len="
-                             f"{session.max_len}; create it with a larger max_len or release finished rows")
-        new.append(x)
-    for r in rows:
-        session.pending.pop(r, None)
-
-    samples = [Sample([], [], "length", []) for _ in range(n)]
-    active = list(range(n))                           # sample indices still generating, aligned with `logits`
-    logits = session.prefill(rows, new)
-    unfed = [[] for _ in range(n)]                    # tokens of each sample not yet fed to the model
-    while True:
-        entries = [(j, [t for t in nodes[i] if t != _END]) for j, i in enumerate(active) if nodes[i] is not None]
-        allow = _allow_mask(len(active), V, entries, logits.device)
-        z = filter_logits(logits, temperature, top_k, top_p, allow)
-        tok, lp = _draw(z, temperature == 0, generator)
-        lp = lp.tolist()
-        toks = tok.tolist()
-        allowed = dict(entries)
-        keep = []
-        for j, i in enumerate(active):
-            s, t = samples[i], toks[j]
-            s.tokens.append(t)
-            s.logprobs.append(lp[j])
-            s.allowed.append(allowed.get(j))
-            unfed[i] = [t]
-            done = False
-            if nodes[i] is not None:
-                nodes[i] = nodes[i][t]
-                # jump-forward: a token the constraint forces is appended without a sampling step (its
-                # log-prob under the masked distribution is exactly 0) and fed with the others in one chunk
-                while _END not in nodes[i] and len(nodes[i]) == 1 and len(s.tokens) < max_new_tokens:
-                    (f, nodes[i]), = nodes[i].items()
-                    s.tokens.append(f)
-                    s.logprobs.append(0.0)
-                    s.allowed.append([f])
-                    unfed[i].append(f)
-                if _END in nodes[i]:  # a completion is complete
-                    nodes[i] = None
-                    done = not free_after[i]
-            elif t in stop_ids or (stop_strs and any(x in tokenizer.decode(s.tokens[-tail:]) for x in stop_strs)):
-                done = True
-            if done:
-                s.finish_reason = "stop"
-            elif len(s.tokens) < max_new_tokens:
-                keep.append(j)
-        active = [active[j] for j in keep]            # finished rows leave the decode batch
-        if not active:
-            break
-        feed = [unfed[i] for i in active]
-        if all(len(x) == 1 for x in feed):
-            logits = session.decode(torch.tensor([rows[i] for i in active], device=model.device),
-                                    torch.tensor([x[0] for x in feed], device=model.device))
-        else:                                         # some rows jumped forward: one ragged chunk call
-            logits = session.prefill([rows[i] for i in active], feed)
-    for i, r in enumerate(rows):
-        session.pending[r] = unfed[i]  # sampled or forced, not yet fed: part of the history, prefilled next call
-    return samples
+        return Session(model, n, max(len(p) for p in prompts) + max_new_tokens), list(range(n))
+    if session.model is not model:
+        raise ValueError("this session belongs to a different model")
+    if rows is None or len(rows) != n or len(set(rows)) != n:
+        raise ValueError(f"with session=, rows must list {n} distinct row indices (one per prompt)")
+    return session, list(rows)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -856,40 +971,46 @@ def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, temp
     sampled token's Sample.allowed entry at its position in the sequence), so on-policy this reproduces
     Sample.logprobs. Only the masked positions go through lm_head, `chunk_size` rows at a time under
     activation checkpointing, so neither forward nor backward holds full-vocabulary logits for the batch."""
-    _check_sampling(temperature, top_k, top_p)
+    sampling = Sampling(temperature, top_k, top_p)
     core = getattr(model, "module", model)  # a DDP wrapper's model
     if tokens.dim() != 2 or mask.shape != tokens.shape:
         raise ValueError(f"tokens and mask must both be [B, T]; got {tuple(tokens.shape)} and {tuple(mask.shape)}")
     if allowed is not None and len(allowed) != tokens.shape[0]:
         raise ValueError(f"allowed must have one dict per row ({tokens.shape[0]}), got {len(allowed)}")
-    B, T = tokens.shape
     m = mask.bool().clone()
-    m[:, 0] = False
+    m[:, 0] = False                                   # the first token has nothing to condition on
     bi, ti = m.nonzero(as_tuple=True)
-    out = torch.zeros(B, T, dtype=torch.float32, device=tokens.device)
+    out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     if len(bi) == 0:
         return out + 0 * core.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
-    h = model(tokens, hidden_only=True)[bi, ti - 1]           # [N, hidden]: the state that predicts each target
-    tgt = tokens[bi, ti]
-    where = {}                                            # flat index -> allowed ids
-    if allowed is not None:
-        flat = {(b, t): k for k, (b, t) in enumerate(zip(bi.tolist(), ti.tolist()))}
-        for b, d in enumerate(allowed):
-            for t, ids in (d or {}).items():
-                if (b, int(t)) in flat:
-                    where[flat[(b, int(t))]] = ids
+    h = model(tokens, hidden_only=True)[bi, ti - 1]   # [N, hidden]: the state that predicts each target
+    where = _allowed_by_target(allowed, bi.tolist(), ti.tolist())
+    return out.index_put((bi, ti), _target_logprobs(core, h, tokens[bi, ti], where, sampling, chunk_size))
+
+
+def _allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> dict[int, list[int]]:
+    """{k: allowed ids of target k} for the targets (bi[k], ti[k]) that a constraint masked."""
+    if allowed is None:
+        return {}
+    flat = {(b, t): k for k, (b, t) in enumerate(zip(bi, ti))}
+    return {flat[(b, int(t))]: ids for b, d in enumerate(allowed) for t, ids in (d or {}).items()
+            if (b, int(t)) in flat}
+
+
+def _target_logprobs(core, h, targets, where: dict, sampling: Sampling, chunk_size: int) -> torch.Tensor:
+    """[N] log-probs of targets given hidden states h [N, hidden], `chunk_size` rows of lm_head at a time,
+    each chunk recomputed in the backward (checkpointing) instead of keeping its logits."""
     V = core.config.vocab_size
 
     def chunk_lp(hc, tc, allow):
-        z = filter_logits(core.lm_head(hc).float(), temperature, top_k, top_p, allow, keep=tc)
-        return selective_log_softmax(z, tc)
+        return selective_log_softmax(sampling.filter(core.lm_head(hc).float(), allow, keep=tc), tc)
 
     parts = []
-    for s in range(0, len(tgt), chunk_size):
-        e = min(s + chunk_size, len(tgt))
-        allow = _allow_mask(e - s, V, [(k - s, ids) for k, ids in where.items() if s <= k < e], tokens.device)
+    for s in range(0, len(targets), chunk_size):
+        e = min(s + chunk_size, len(targets))
+        allow = _allow_mask(e - s, V, [(k - s, ids) for k, ids in where.items() if s <= k < e], h.device)
         if torch.is_grad_enabled() and h.requires_grad:
-            parts.append(checkpoint(chunk_lp, h[s:e], tgt[s:e], allow, use_reentrant=False))
+            parts.append(checkpoint(chunk_lp, h[s:e], targets[s:e], allow, use_reentrant=False))
         else:
-            parts.append(chunk_lp(h[s:e], tgt[s:e], allow))
-    return out.index_put((bi, ti), torch.cat(parts))
+            parts.append(chunk_lp(h[s:e], targets[s:e], allow))
+    return torch.cat(parts)

@@ -2,8 +2,9 @@
 kernel (used on CUDA, and tested on CPU under TRITON_INTERPRET=1 against the reference).
 
 Each file holds `<op>_ref` (torch), `<op>_triton` (Triton, same signature) and the dispatch function
-re-exported here, which takes the Triton path for CUDA tensors and the reference otherwise. Note that the
-re-exports shadow the submodule names (`kernels.rmsnorm` is the function here); reach a module itself
+re-exported here, which takes the Triton path for CUDA tensors and the reference otherwise. Triton is
+optional (it ships Linux wheels only): without it `<op>_triton` is absent and every op runs its reference.
+The re-exports shadow the submodule names (`kernels.rmsnorm` is the function here); reach a module itself
 with `importlib.import_module("kernels.rmsnorm")`. Triton reads TRITON_INTERPRET when @triton.jit runs,
 i.e. when these modules are first imported: set it before that to run the Triton path on CPU tensors.
 """

@@ -8,9 +8,8 @@ without the split across programs). `decode_attention` (imported by model.py) pi
 """
 import math
 import torch
-import triton
-import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from kernels._triton import check_runnable, tl, triton
 
 
 def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -30,92 +29,89 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return (s.softmax(-1) @ v).reshape(B, Hq, D).to(q.dtype)
 
 
-@triton.jit
-def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, lengths_ptr, o_ptr, scale,
-                             GROUP, D,
-                             sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh,
-                             BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program (b, kv head j): q heads j*GROUP .. j*GROUP+GROUP-1 form a [BLOCK_G, BLOCK_D] tile. For each
-    block of BLOCK_N cache positions the scores [BLOCK_G, BLOCK_N] are a broadcast multiply-and-sum over D
-    (exact fp32, and no minimum tile size as tl.dot would need for small groups), then the running max m,
-    normaliser l and output accumulator are rescaled: the usual online softmax. Padded lanes (head_dim not a
-    power of two, group not a power of two) load zeros and are never stored; positions past the row's
-    length get a score of -inf. The head dim is assumed contiguous (stride 1) in q, k, v and o."""
-    b = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1).to(tl.int64)
-    row = tl.load(rows_ptr + b).to(tl.int64)
-    length = tl.load(lengths_ptr + b)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    q_mask = (g[:, None] < GROUP) & (d[None, :] < D)
-    q_heads = kv_head * GROUP + g
-    q = tl.load(q_ptr + b * sqb + q_heads[:, None] * sqh + d[None, :], mask=q_mask, other=0.0)
-    q = q.to(tl.float32) * scale
-    k_row = k_ptr + row * skb + kv_head * skh
-    v_row = v_ptr + row * svb + kv_head * svh
-    m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for start in range(0, length, BLOCK_N):
-        pos = start + n
-        kv_mask = (pos[:, None] < length) & (d[None, :] < D)
-        k = tl.load(k_row + pos[:, None] * skn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_row + pos[:, None] * svn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
-        s = tl.where(pos[None, :] < length, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds at least one valid position
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m = m_new
-    out = acc / l[:, None]
-    tl.store(o_ptr + b * sob + q_heads[:, None] * soh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask)
+if triton is not None:  # the Triton half; absent where Triton is not installed
+    @triton.jit
+    def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, lengths_ptr, o_ptr, scale,
+                                 GROUP, D,
+                                 sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh,
+                                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Program (b, kv head j): q heads j*GROUP .. j*GROUP+GROUP-1 form a [BLOCK_G, BLOCK_D] tile. For each
+        block of BLOCK_N cache positions the scores [BLOCK_G, BLOCK_N] are a broadcast multiply-and-sum over D
+        (exact fp32, and no minimum tile size as tl.dot would need for small groups), then the running max m,
+        normaliser l and output accumulator are rescaled: the usual online softmax. Padded lanes (head_dim not a
+        power of two, group not a power of two) load zeros and are never stored; positions past the row's
+        length get a score of -inf. The head dim is assumed contiguous (stride 1) in q, k, v and o."""
+        b = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1).to(tl.int64)
+        row = tl.load(rows_ptr + b).to(tl.int64)
+        length = tl.load(lengths_ptr + b)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        n = tl.arange(0, BLOCK_N)
+        q_mask = (g[:, None] < GROUP) & (d[None, :] < D)
+        q_heads = kv_head * GROUP + g
+        q = tl.load(q_ptr + b * sqb + q_heads[:, None] * sqh + d[None, :], mask=q_mask, other=0.0)
+        q = q.to(tl.float32) * scale
+        k_row = k_ptr + row * skb + kv_head * skh
+        v_row = v_ptr + row * svb + kv_head * svh
+        m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for start in range(0, length, BLOCK_N):
+            pos = start + n
+            kv_mask = (pos[:, None] < length) & (d[None, :] < D)
+            k = tl.load(k_row + pos[:, None] * skn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            v = tl.load(v_row + pos[:, None] * svn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
+            s = tl.where(pos[None, :] < length, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds at least one valid position
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            m = m_new
+        out = acc / l[:, None]
+        tl.store(o_ptr + b * sob + q_heads[:, None] * soh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask)
 
 
-_INTERPRETED = isinstance(_decode_attention_kernel, InterpretedFunction)
-
-
-def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
-                            *, block_n: int | None = None) -> torch.Tensor:
-    """Same contract as decode_attention_ref (every length must be >= 1). `block_n` overrides the number of
-    cache positions per step (a power of two); by default the [group, block_n, head_dim] product tile is
-    kept near 8K elements so it stays in registers on a GPU."""
-    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"decode_attention: expected q [B, Hq, D] and k/v caches [Bmax, Hkv, L, D] of one shape, "
-                         f"got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
-    B, Hq, D = q.shape
-    Hkv = k_cache.shape[1]
-    if k_cache.shape[3] != D or Hq % Hkv:
-        raise ValueError(f"decode_attention: q heads {Hq} must be a multiple of kv heads {Hkv} and head dims "
-                         f"must match (q {D}, cache {k_cache.shape[3]})")
-    if rows.shape != (B,) or lengths.shape != (B,):
-        raise ValueError(f"decode_attention: rows and lengths must have shape ({B},), "
-                         f"got {tuple(rows.shape)} and {tuple(lengths.shape)}")
-    if not (q.is_cuda or _INTERPRETED):
-        raise ValueError("decode_attention_triton on CPU tensors needs TRITON_INTERPRET=1 set before kernels/ is imported")
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
-    if B == 0:
+    def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
+                                *, block_n: int | None = None) -> torch.Tensor:
+        """Same contract as decode_attention_ref (every length must be >= 1). `block_n` overrides the number of
+        cache positions per step (a power of two); by default the [group, block_n, head_dim] product tile is
+        kept near 8K elements so it stays in registers on a GPU."""
+        if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+            raise ValueError(f"decode_attention: expected q [B, Hq, D] and k/v caches [Bmax, Hkv, L, D] of one shape, "
+                             f"got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+        B, Hq, D = q.shape
+        Hkv = k_cache.shape[1]
+        if k_cache.shape[3] != D or Hq % Hkv:
+            raise ValueError(f"decode_attention: q heads {Hq} must be a multiple of kv heads {Hkv} and head dims "
+                             f"must match (q {D}, cache {k_cache.shape[3]})")
+        if rows.shape != (B,) or lengths.shape != (B,):
+            raise ValueError(f"decode_attention: rows and lengths must have shape ({B},), "
+                             f"got {tuple(rows.shape)} and {tuple(lengths.shape)}")
+        check_runnable(_decode_attention_kernel, q, "decode_attention_triton")
+        scale = scale if scale is not None else 1.0 / math.sqrt(D)
+        q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
+        out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
+        if B == 0:
+            return out
+        group = Hq // Hkv
+        block_g, block_d = triton.next_power_of_2(group), triton.next_power_of_2(D)
+        block_n = block_n or max(16, min(128, triton.next_power_of_2(8192 // (block_g * block_d))))
+        _decode_attention_kernel[(B, Hkv)](
+            q, k_cache, v_cache, rows.contiguous(), lengths.contiguous(), out, scale, group, D,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+            BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d)
         return out
-    group = Hq // Hkv
-    block_g, block_d = triton.next_power_of_2(group), triton.next_power_of_2(D)
-    block_n = block_n or max(16, min(128, triton.next_power_of_2(8192 // (block_g * block_d))))
-    _decode_attention_kernel[(B, Hkv)](
-        q, k_cache, v_cache, rows.contiguous(), lengths.contiguous(), out, scale, group, D,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d)
-    return out
 
 
 def decode_attention(q, k_cache, v_cache, rows, lengths, scale=None):
-    """Triton on CUDA when no gradient is needed (the kernel has no backward; decoding never needs one),
-    the torch reference otherwise."""
+    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward; decoding never
+    needs one), the torch reference otherwise."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
-    if q.is_cuda and not needs_grad:
+    if q.is_cuda and triton is not None and not needs_grad:
         return decode_attention_triton(q, k_cache, v_cache, rows, lengths, scale)
     return decode_attention_ref(q, k_cache, v_cache, rows, lengths, scale)

@@ -8,9 +8,8 @@ backward, which recomputes softmax blockwise and writes grad_logits = g * (oneho
 `selective_log_softmax` (imported by model.py's token_logprobs) picks between them.
 """
 import torch
-import triton
-import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from kernels._triton import check_runnable, tl, triton
 
 
 def selective_log_softmax_ref(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -19,101 +18,99 @@ def selective_log_softmax_ref(logits: torch.Tensor, targets: torch.Tensor) -> to
     return lf.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(lf, dim=-1)
 
 
-@triton.jit
-def _logsoftmax_fwd_kernel(logits_ptr, targets_ptr, out_ptr, lse_ptr, V, row_stride, BLOCK: tl.constexpr):
-    """Online logsumexp over the row: m is the running max, s the sum of exp(x - m) rescaled whenever m
-    grows. Logits of -inf (masked tokens) are allowed: while everything seen is -inf the shift is 0, so
-    no -inf - -inf ever turns into NaN."""
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + row * row_stride
-    m = tl.full([], float("-inf"), dtype=tl.float32)
-    s = tl.zeros([], dtype=tl.float32)
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        m = m_new
-    lse = m + tl.log(s)
-    target = tl.load(targets_ptr + row).to(tl.int64)
-    x_target = tl.load(row_ptr + target).to(tl.float32)
-    tl.store(out_ptr + row, x_target - lse)
-    tl.store(lse_ptr + row, lse)
+if triton is not None:  # the Triton half; absent where Triton is not installed
+    @triton.jit
+    def _logsoftmax_fwd_kernel(logits_ptr, targets_ptr, out_ptr, lse_ptr, V, row_stride, BLOCK: tl.constexpr):
+        """Online logsumexp over the row: m is the running max, s the sum of exp(x - m) rescaled whenever m
+        grows. Logits of -inf (masked tokens) are allowed: while everything seen is -inf the shift is 0, so
+        no -inf - -inf ever turns into NaN."""
+        row = tl.program_id(0).to(tl.int64)
+        row_ptr = logits_ptr + row * row_stride
+        m = tl.full([], float("-inf"), dtype=tl.float32)
+        s = tl.zeros([], dtype=tl.float32)
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        target = tl.load(targets_ptr + row).to(tl.int64)
+        x_target = tl.load(row_ptr + target).to(tl.float32)
+        tl.store(out_ptr + row, x_target - lse)
+        tl.store(lse_ptr + row, lse)
 
 
-@triton.jit
-def _logsoftmax_bwd_kernel(grad_out_ptr, logits_ptr, targets_ptr, lse_ptr, grad_logits_ptr, V,
-                           row_stride, grad_row_stride, BLOCK: tl.constexpr):
-    """d out / d logit_j = onehot(j == target) - softmax_j, times the incoming gradient of the row."""
-    row = tl.program_id(0).to(tl.int64)
-    g = tl.load(grad_out_ptr + row).to(tl.float32)
-    lse = tl.load(lse_ptr + row)
-    target = tl.load(targets_ptr + row).to(tl.int64)
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < V
-        x = tl.load(logits_ptr + row * row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        onehot = tl.where(cols == target, 1.0, 0.0)
-        grad = g * (onehot - tl.exp(x - lse))
-        tl.store(grad_logits_ptr + row * grad_row_stride + cols, grad.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+    @triton.jit
+    def _logsoftmax_bwd_kernel(grad_out_ptr, logits_ptr, targets_ptr, lse_ptr, grad_logits_ptr, V,
+                               row_stride, grad_row_stride, BLOCK: tl.constexpr):
+        """d out / d logit_j = onehot(j == target) - softmax_j, times the incoming gradient of the row."""
+        row = tl.program_id(0).to(tl.int64)
+        g = tl.load(grad_out_ptr + row).to(tl.float32)
+        lse = tl.load(lse_ptr + row)
+        target = tl.load(targets_ptr + row).to(tl.int64)
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < V
+            x = tl.load(logits_ptr + row * row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+            onehot = tl.where(cols == target, 1.0, 0.0)
+            grad = g * (onehot - tl.exp(x - lse))
+            tl.store(grad_logits_ptr + row * grad_row_stride + cols, grad.to(grad_logits_ptr.dtype.element_ty),
+                     mask=mask)
 
 
-_INTERPRETED = isinstance(_logsoftmax_fwd_kernel, InterpretedFunction)
+    def _default_block(V: int) -> int:
+        return min(triton.next_power_of_2(V), 4096)
 
 
-def _default_block(V: int) -> int:
-    return min(triton.next_power_of_2(V), 4096)
+    def _num_warps(block: int) -> int:
+        return 8 if block >= 2048 else 4
 
 
-def _num_warps(block: int) -> int:
-    return 8 if block >= 2048 else 4
+    class _SelectiveLogSoftmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, targets, block):
+            N, V = logits.shape
+            out = torch.empty(N, dtype=torch.float32, device=logits.device)
+            lse = torch.empty(N, dtype=torch.float32, device=logits.device)
+            if N > 0:
+                _logsoftmax_fwd_kernel[(N,)](logits, targets, out, lse, V, logits.stride(0), BLOCK=block,
+                                             num_warps=_num_warps(block))
+            ctx.save_for_backward(logits, targets, lse)
+            ctx.block = block
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            logits, targets, lse = ctx.saved_tensors
+            N, V = logits.shape
+            grad_logits = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
+            if N > 0:
+                _logsoftmax_bwd_kernel[(N,)](grad_out.contiguous(), logits, targets, lse, grad_logits, V,
+                                             logits.stride(0), grad_logits.stride(0), BLOCK=ctx.block,
+                                             num_warps=_num_warps(ctx.block))
+            return grad_logits, None, None
 
 
-class _SelectiveLogSoftmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, block):
-        N, V = logits.shape
-        out = torch.empty(N, dtype=torch.float32, device=logits.device)
-        lse = torch.empty(N, dtype=torch.float32, device=logits.device)
-        if N > 0:
-            _logsoftmax_fwd_kernel[(N,)](logits, targets, out, lse, V, logits.stride(0), BLOCK=block,
-                                         num_warps=_num_warps(block))
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.block = block
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        logits, targets, lse = ctx.saved_tensors
-        N, V = logits.shape
-        grad_logits = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
-        if N > 0:
-            _logsoftmax_bwd_kernel[(N,)](grad_out.contiguous(), logits, targets, lse, grad_logits, V,
-                                         logits.stride(0), grad_logits.stride(0), BLOCK=ctx.block,
-                                         num_warps=_num_warps(ctx.block))
-        return grad_logits, None, None
-
-
-def selective_log_softmax_triton(logits: torch.Tensor, targets: torch.Tensor, *, block: int | None = None) -> torch.Tensor:
-    """Same contract as selective_log_softmax_ref, forward and backward. Targets are not range-checked on
-    the GPU (that would cost a device sync); `block` overrides the column block width (a power of two)."""
-    if logits.dim() != 2 or targets.shape != (logits.shape[0],):
-        raise ValueError(f"selective_log_softmax: expected logits [N, V] and targets [N], "
-                         f"got {tuple(logits.shape)} and {tuple(targets.shape)}")
-    if not logits.is_floating_point() or targets.is_floating_point():
-        raise ValueError(f"selective_log_softmax: logits must be float and targets integer, "
-                         f"got {logits.dtype} and {targets.dtype}")
-    if not (logits.is_cuda or _INTERPRETED):
-        raise ValueError("selective_log_softmax_triton on CPU tensors needs TRITON_INTERPRET=1 set before "
-                         "kernels/ is imported")
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
-    return _SelectiveLogSoftmax.apply(logits, targets.contiguous(), block or _default_block(logits.shape[1]))
+    def selective_log_softmax_triton(logits: torch.Tensor, targets: torch.Tensor, *,
+                                     block: int | None = None) -> torch.Tensor:
+        """Same contract as selective_log_softmax_ref, forward and backward. Targets are not range-checked on
+        the GPU (that would cost a device sync); `block` overrides the column block width (a power of two)."""
+        if logits.dim() != 2 or targets.shape != (logits.shape[0],):
+            raise ValueError(f"selective_log_softmax: expected logits [N, V] and targets [N], "
+                             f"got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        if not logits.is_floating_point() or targets.is_floating_point():
+            raise ValueError(f"selective_log_softmax: logits must be float and targets integer, "
+                             f"got {logits.dtype} and {targets.dtype}")
+        check_runnable(_logsoftmax_fwd_kernel, logits, "selective_log_softmax_triton")
+        if logits.stride(-1) != 1:
+            logits = logits.contiguous()
+        return _SelectiveLogSoftmax.apply(logits, targets.contiguous(), block or _default_block(logits.shape[1]))
 
 
 def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Triton on CUDA (it has its own backward), the torch reference otherwise."""
-    if logits.is_cuda:
+    """Triton on CUDA where installed (it has its own backward), the torch reference otherwise."""
+    if logits.is_cuda and triton is not None:
         return selective_log_softmax_triton(logits, targets)
     return selective_log_softmax_ref(logits, targets)

@@ -1,13 +1,15 @@
-"""Shared test setup. TRITON_INTERPRET must be set before triton compiles any kernel, so it is set here,
-before any test module imports kernels/; on a CPU machine the Triton path only ever runs in tests."""
+"""Shared test setup. On a machine without CUDA, TRITON_INTERPRET is set here, before any test module imports
+kernels/ (triton reads it when @triton.jit runs), so tests/test_kernels.py runs the Triton kernels on CPU in
+Triton's interpreter; with CUDA it stays unset, the kernels compile, and tests/test_gpu.py checks them there."""
 import os
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import torch  # noqa: E402
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
