@@ -235,3 +235,258 @@ def webshop_search(query: str, k: int = RESULTS) -> list[tuple[str, float]]:
     hits = search_index().search(analyze(query), k)
     hits.sort(key=lambda h: (-h[1], products[h[0]]["asin"]))
     return [(products[d]["asin"], s) for d, s in hits[:k]]
+
+
+# --------------------------------------------------------------------------------------------- reward (§5)
+
+COLOR_SET = (  # the original's colour list (engine/normalize.py), in its order: the first one contained wins
+    "alabaster apricot aqua ash asphalt azure banana beige black blue blush bordeaux bronze brown burgundy "
+    "camel camo caramel champagne charcoal cheetah chestnut chocolate christmas coffee cognac copper coral "
+    "cranberry cream crystal dark denim eggplant elephant espresso fuchsia gold granite grape graphite grass "
+    "gray green grey heather indigo ivory ivy khaki lavender lemon leopard light lilac lime magenta maroon "
+    "mauve merlot midnight mint mocha multicolor mushroom mustard natural navy nude olive orange peach pewter "
+    "pink plum purple rainbow red rose royal rust sand sapphire seashell silver skull slate steel stone "
+    "stonewash sunflower tan taupe teal tiger turquoise violet walnut wheat white wine yellow").split()
+_LATIN1 = {i: None for i in range(128, 256)}
+
+
+def token_set_ratio(a, b) -> int:
+    """thefuzz's token_set_ratio (force_ascii, full_process; integer score) through rapidfuzz."""
+    def clean(x):
+        return utils.default_process(str(x).translate(_LATIN1))
+    return int(round(fuzz.token_set_ratio(clean(a), clean(b))))
+
+
+def normalize_color(option):
+    """The first colour of COLOR_SET contained in the option (a substring test for a string, an element test
+    for a goal's (name, value) tuple), else the option unchanged."""
+    return next((c for c in COLOR_SET if c in option), option)
+
+
+@functools.cache
+def title_nouns() -> dict:
+    """ASIN -> the NOUN/PROPN tokens of its title (spaCy en_core_web_sm 3.8.0; order and duplicates kept)."""
+    return _read("webshop_title_nouns_sm380.json.xz")["nouns"]
+
+
+def type_factor(product: dict, goal: dict) -> float:
+    """r_type: 1, or 0.5 when query, category and title all differ, then 0.1 / 0 for (almost) no title noun
+    in common. The title score divides by the goal title's nouns with duplicates."""
+    query_match = product["query"] == goal["query"]
+    levels = [{s.strip() for s in x["product_category"].split("›")} for x in (product, goal)]
+    category_match = len(levels[0] & levels[1]) >= 2
+    nouns, wanted = title_nouns()[product["asin"]], title_nouns()[goal["asin"]]
+    title = 0.2 if not wanted else len(set(nouns) & set(wanted)) / len(wanted)
+    r_type = 1.0 if query_match or category_match or title > 0.2 else 0.5
+    return 0.0 if title == 0.0 else 0.1 if title < 0.1 else r_type
+
+
+def attribute_matches(product: dict, goal: dict) -> int:
+    """Goal attributes found in the product: fuzzy in its attributes, else a substring of title, bullets or
+    description."""
+    texts = (product["Title"].lower(), " ".join(product["BulletPoints"]).lower(), product["Description"].lower())
+    return sum(any(token_set_ratio(p, g) > 85 for p in product["Attributes"]) or any(g in t for t in texts)
+               for g in goal["attributes"])
+
+
+def option_matches(options: dict, goal: dict) -> int:
+    """Goal options matched by a chosen option after colour normalisation; a goal option is a (name, value)
+    tuple and compares as its str()."""
+    chosen = [normalize_color(v) for v in options.values()]
+    wanted = [normalize_color(o) for o in goal["goal_options"].items()]
+    return sum(any(token_set_ratio(p, g) > 85 for p in chosen) for g in wanted)
+
+
+def webshop_reward(product: dict, goal: dict, price: float, options: dict) -> float:
+    """The original get_reward: r_type x (attributes + options + price matched) / (their count + 1)."""
+    matched = attribute_matches(product, goal) + option_matches(options, goal) + (price <= goal["price_upper"])
+    return matched / (len(goal["attributes"]) + len(goal["goal_options"]) + 1) * type_factor(product, goal)
+
+
+# ---------------------------------------------------------------------------------------------- goals (§4)
+
+PRICE_RANGE = [10.0 * i for i in range(1, 100)]
+
+
+@dataclass
+class Shop:
+    products: dict   # ASIN -> record
+    prices: dict     # ASIN -> the price the reward compares (a range's price is drawn once)
+    goals: list      # the 6,910 synthetic goals in the original's order
+
+
+@functools.cache
+def build_shop(seed: int = BUILD_SEED) -> Shop:
+    """Prices, then price bounds and goals (catalogue order, option names sorted, every option combination),
+    then the original's seed-233 shuffle: the original's RNG calls, in its order, from a seeded generator."""
+    rng, annotations = random.Random(seed), _read("items_ins_v2_1000.json.xz")
+    products = {p["asin"]: p for p in catalogue()}
+    prices = {a: (rng.uniform(*p["pricing"][:2]) if len(p["pricing"]) > 1 else p["pricing"][0] if p["pricing"]
+                  else 100.0) for a, p in products.items()}
+    goals = []
+    for asin, p in products.items():
+        if annotations[asin].get("instruction") is None:
+            continue
+        bounds = [x for x in PRICE_RANGE if x > prices[asin]][:4]
+        upper = sorted(rng.sample(bounds, 2))[1] if len(bounds) >= 2 else 1000000
+        price_text = f", and price lower than {upper:.2f} dollars" if len(bounds) >= 2 else ""
+        names = sorted(p["options"])
+        for combo in itertools.product(*(p["options"][n] for n in names)):
+            chosen = dict(zip(names, combo))
+            option_text = " with " + ", and ".join(f"{k}: {v}" for k, v in chosen.items()) if chosen else ""
+            goals.append(dict(asin=asin, category=p["category"], query=p["query"], name=p["Title"],
+                              product_category=p["product_category"], attributes=annotations[asin][
+                                  "instruction_attributes"], price_upper=upper, goal_options=chosen,
+                              instruction_text=annotations[asin]["instruction"] + option_text + price_text))
+    random.Random(233).shuffle(goals)
+    return Shop(products, prices, goals)
+
+
+# ----------------------------------------------------------------------------------------- the site (§1, §2)
+
+SUB_PAGES = ("description", "features", "reviews", "attributes")
+_ACTION = re.compile(r"(.+)\[(.+)\]")   # the original's parse: greedy name, text after the last ']' ignored
+
+
+def visible(text: str) -> str | None:
+    """A text node as the original's `text` mode keeps it: stripped; a bare run of spaces becomes an empty
+    segment, whitespace with a newline (or nothing at all) no segment."""
+    if not text:
+        return None
+    if not text.strip(" \t\n\r\f"):
+        return None if "\n" in text else ""
+    return text.strip()
+
+
+def tojson(value) -> str:
+    """Flask's `tojson` filter: sorted keys, ASCII, and <>&' escaped for HTML."""
+    out = json.dumps(value, sort_keys=True)
+    return out.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+
+
+class Site:
+    """One shopping session of the original text env: which page is shown, its clickables, the transitions
+    of search[...] and click[...], and the page as `text` mode renders it."""
+
+    def __init__(self, shop: Shop, goal: dict, rng: random.Random):
+        self.shop, self.goal, self.rng = shop, goal, rng
+        self.reward = None
+        self.home()
+
+    def home(self):
+        """The search page; `back to search` also forgets the search, the product and the options."""
+        self.page, self.keywords, self.page_no, self.asin, self.options, self.hits = "search", None, None, None, {}, []
+
+    def show_results(self, page_no: int):
+        self.page, self.page_no, self.asin, self.options = "results", page_no, None, {}
+        self.hits = self.found()
+
+    def found(self) -> list[dict]:
+        """The original's get_top_n_product_from_keywords, with its debugging prefixes <r>, <c>, <q>."""
+        kw, products = self.keywords, catalogue()
+        if kw[0] == "<r>":
+            return self.rng.sample(products, RESULTS)
+        if kw[0] == "<c>":
+            return [p for p in products if p["category"] == kw[1].strip()]
+        if kw[0] == "<q>":
+            return [p for p in products if p["query"] == " ".join(kw[1:]).strip()]
+        return [self.shop.products[a] for a, _ in webshop_search(" ".join(kw))]
+
+    def clickables(self) -> dict:
+        """Lower-cased button texts, then product links, then option values (value -> its group): the
+        original's text_to_clickable, where a repeated key keeps its first position and its last meaning."""
+        out = {"search": None} if self.page == "search" else {}
+        if self.page in ("results", "item") + SUB_PAGES:
+            out["back to search"] = None
+        if self.page in ("item",) + SUB_PAGES or (self.page == "results" and self.page_no > 1):
+            out["< prev"] = None
+        if self.page == "results":
+            out["next >"] = None
+            out.update((p["asin"].lower(), "link") for p in self.shown())
+        if self.page == "item":
+            out.update((b, None) for b in ("description", "features", "reviews", "buy now"))
+            for group, values in self.product()["options"].items():
+                out.update((v, group) for v in values)
+        return out
+
+    def parse(self, text: str) -> tuple[str, str] | None:
+        """(name, argument) when the original would act on the text, else None (a no-op there)."""
+        m = _ACTION.match(text)
+        if m is None:
+            return None
+        name, arg = m.group(1), m.group(2).lower()
+        if name == "search":
+            kw = arg.split(" ")
+            return None if kw[0] == "<a>" or (kw[0] == "<c>" and len(kw) < 2) else (name, arg)  # these crash it
+        return (name, arg) if name == "click" and arg != "search" and arg in self.clickables() else None
+
+    def act(self, name: str, arg: str):
+        """Apply a parsed action; sets self.reward when it buys."""
+        if name == "search":
+            self.keywords = arg.split(" ")
+            self.show_results(1)
+        else:
+            self.click(arg)
+
+    def click(self, name: str):
+        """The original's dispatch: by the clickable's text first, then by what kind of element it is."""
+        kind = self.clickables()[name]
+        if name == "buy now":
+            self.reward = webshop_reward(self.product(), self.goal, self.shop.prices[self.asin], self.options)
+            self.page = "done"
+        elif name == "back to search":
+            self.home()
+        elif name in ("next >", "< prev") and self.page == "results":
+            self.show_results(self.page_no + (1 if name == "next >" else -1))
+        elif name == "< prev" and self.page in SUB_PAGES:
+            self.page = "item"
+        elif name == "< prev" and self.page == "item":
+            self.show_results(self.page_no)
+        elif name in SUB_PAGES:
+            self.page = name
+        elif kind == "link":
+            self.page, self.asin = "item", name.upper()
+        elif kind is not None:
+            self.page, self.options[kind] = "item", name
+
+    def product(self) -> dict:
+        return self.shop.products[self.asin]
+
+    def shown(self) -> list[dict]:
+        return self.hits[(self.page_no - 1) * PAGE_SIZE:self.page_no * PAGE_SIZE]
+
+    def text(self) -> str:
+        return " [SEP] ".join(s for s in map(visible, self.nodes()) if s is not None)
+
+    def nodes(self) -> list[str]:
+        """The page's text nodes in document order (the templates of §1.2)."""
+        if self.page == "search":
+            return ["WebShop", "Instruction:", self.goal["instruction_text"], "Search"]
+        if self.page == "done":
+            return self.done_nodes()
+        head = ["Instruction:", self.goal["instruction_text"], "Back to Search"]
+        if self.page == "results":
+            return head + [f"Page {self.page_no} (Total results: {len(self.hits)})"] + \
+                ["< Prev"] * (self.page_no > 1) + ["Next >"] + \
+                [x for p in self.shown() for x in (p["asin"], p["Title"], p["Price"])]
+        p = self.product()
+        head.append("< Prev")
+        if self.page == "item":
+            return head + [x for name, values in p["options"].items() for x in (name, *values)] + \
+                [p["Title"], f"Price: {p['Price']}", f"Rating: {p['Rating']}", "Description", "Features", "Reviews",
+                 "Buy Now"]
+        if self.page == "description":
+            return head + [p["Description"]]
+        if self.page == "features":
+            return head + [" " + b for b in p["BulletPoints"]]
+        return head  # reviews: never loaded by the original
+
+    def done_nodes(self) -> list[str]:
+        """The done page as the text env renders it: no MTurk code, goal or purchase details are passed to
+        the template (hence the Nones and the empty Target fields); the hidden block is still text."""
+        return ["Thank you for shopping with us!", "Your code: ", "None", " (Paste it in your MTurk interface.)",
+                "Purchased", "asin", self.asin, "options", tojson(self.options),
+                *(x for label in ("attrs", "category", "query", "product category") for x in (label, "None")),
+                "Target", "asin", "options", "attrs", "price upper", "instuction text", "category",
+                "product category", "query", "Goal", "None", "Reward", "Your score (min 0.0, max 1.0)",
+                str(self.reward), "Reward Details", "None"]
