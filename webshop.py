@@ -316,7 +316,7 @@ class Shop:
 
 
 @functools.cache
-def build_shop(seed: int = BUILD_SEED) -> Shop:
+def build_shop(seed: int) -> Shop:
     """Prices, then price bounds and goals (catalogue order, option names sorted, every option combination),
     then the original's seed-233 shuffle: the original's RNG calls, in its order, from a seeded generator."""
     rng, annotations = random.Random(seed), _read("items_ins_v2_1000.json.xz")
