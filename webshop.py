@@ -194,9 +194,10 @@ class SearchIndex:
     """Lucene's BM25 over the catalogue: per term, the documents holding it and their term frequencies; per
     document, 1/(k1((1-b) + b dl/avgdl)) with the quantised length dl, all in float32 as Lucene computes."""
 
-    def __init__(self, docs: list[list[str]], k1: float = 0.9, b: float = 0.4):
+    def __init__(self, ids: list[str], docs: list[list[str]], k1: float = 0.9, b: float = 0.4):
         f32 = np.float32
-        self.n = len(docs)
+        self.ids, self.n = ids, len(docs)
+        self.id_rank = np.argsort(np.argsort(ids))  # ties break by id string, as Anserini does
         postings = {}
         for d, tokens in enumerate(docs):
             for t in tokens:
@@ -210,9 +211,9 @@ class SearchIndex:
     def idf(self, df: int) -> np.float32:
         return np.float32(np.log(1 + (self.n - df + 0.5) / (df + 0.5)))
 
-    def search(self, tokens: list[str], k: int) -> list[tuple[int, float]]:
-        """(doc, score) of the k best documents holding a query term; a repeated term counts again; ties by
-        ASIN as Anserini breaks them (callers sort by id; here the doc index stands in, see webshop_search)."""
+    def search(self, tokens: list[str], k: int) -> list[tuple[str, float]]:
+        """The k best (id, score) among documents holding a query term, each occurrence of a term in the query
+        a clause of its own; summed in float64, then rounded to float32 like Lucene's score."""
         total, hit = np.zeros(self.n), np.zeros(self.n, bool)
         for t in tokens:
             if t in self.postings:
@@ -220,21 +221,27 @@ class SearchIndex:
                 w = self.idf(len(docs))
                 total[docs] += w - w / (np.float32(1) + tf * self.inv[docs])
                 hit[docs] = True
-        scores = total.astype(np.float32)
-        return [(int(d), float(scores[d])) for d in np.flatnonzero(hit)]
+        docs = np.flatnonzero(hit)
+        scores = total[docs].astype(np.float32)
+        best = docs[np.lexsort((self.id_rank[docs], -scores))[:k]]
+        return [(self.ids[d], float(np.float32(total[d]))) for d in best]
 
 
 @functools.cache
 def search_index() -> SearchIndex:
-    return SearchIndex([analyze(document(p)) for p in catalogue()])
+    products = catalogue()
+    return SearchIndex([p["asin"] for p in products], [analyze(document(p)) for p in products])
+
+
+@functools.lru_cache(maxsize=4096)
+def _search(query: str, k: int) -> tuple:
+    return tuple(search_index().search(analyze(query), k))
 
 
 def webshop_search(query: str, k: int = RESULTS) -> list[tuple[str, float]]:
-    """The original's search: the top k (ASIN, BM25 score) for a query, best first, ties by ASIN."""
-    products = catalogue()
-    hits = search_index().search(analyze(query), k)
-    hits.sort(key=lambda h: (-h[1], products[h[0]]["asin"]))
-    return [(products[d]["asin"], s) for d, s in hits[:k]]
+    """The original's search: the top k (ASIN, BM25 score) for a query, best first, ties by ASIN. (Paging
+    repeats a search, hence the cache.)"""
+    return list(_search(query, k))
 
 
 # --------------------------------------------------------------------------------------------- reward (§5)
