@@ -41,6 +41,7 @@ from webshop import webshop_reward, webshop_search  # noqa: F401  (the pure func
 TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop")
 MAX_STEPS = 30  # the paper's per-episode action limit for MiniHack, Sokoban and ALFWorld (WebShop: 10)
 DATA = Path(__file__).resolve().parent / "data"
+HELD_OUT = {"alfworld": "valid_unseen", "webshop": "test"}  # the split evaluation plays (training: "train")
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 

@@ -1,7 +1,7 @@
-"""WebShop, the "small" 1,000-product setting, offline and exact to the original (princeton-nlp/WebShop).
-
-The spec this follows, fact by fact, is WEBSHOP.md (the project's shared notes; section numbers below refer
-to it). Three pure parts, each checked against the original's numbers in tests/test_webshop.py:
+"""WebShop, the "small" 1,000-product setting, offline and exact to the original (princeton-nlp/WebShop at
+64fa2a5: web_agent_site/envs/web_agent_text_env.py, engine/{engine,goal,normalize}.py, templates/; its
+search is pyserini/Anserini's Lucene 9.5). Three pure parts, each checked against the original's numbers in
+tests/test_webshop.py:
 - `webshop_search(query, k)`: Lucene's English analyzer and BM25 (k1 0.9, b 0.4, quantised lengths, float32),
   what the original's pyserini index returns (bm25s does not: it keeps exact lengths and its own tie order);
 - `webshop_reward(product, goal, price, options)`: the original `get_reward`, with rapidfuzz for thefuzz and a
@@ -30,7 +30,7 @@ BUILD_SEED = 42         # seeds prices and price bounds (verl-agent's default se
 TEST_GOALS = 500        # goals[:500] are held out for evaluation, goals[500:] train (verl-agent's split)
 RESULTS, PAGE_SIZE = 50, 10
 
-# ------------------------------------------------------------------------------------------- analyzer (§3)
+# ----------------------------------------------------------------- analyzer (Anserini DefaultEnglishAnalyzer)
 
 def _symbol_class() -> str:
     """Code points Lucene 9.5's StandardTokenizer emits as one-character tokens (emoji and kin), as a class."""
@@ -156,7 +156,7 @@ def porter(w: str) -> str:
 _TOKEN = _tokenizer()
 
 
-# --------------------------------------------------------------------------------------------- search (§3)
+# ------------------------------------------------------------------------------------- search (Anserini BM25)
 
 def _read(name: str):
     path = DATA / name
@@ -244,7 +244,7 @@ def webshop_search(query: str, k: int = RESULTS) -> list[tuple[str, float]]:
     return list(_search(query, k))
 
 
-# --------------------------------------------------------------------------------------------- reward (§5)
+# ------------------------------------------------------------------------------------------- reward (goal.py)
 
 COLOR_SET = (  # the original's colour list (engine/normalize.py), in its order: the first one contained wins
     "alabaster apricot aqua ash asphalt azure banana beige black blue blush bordeaux bronze brown burgundy "
@@ -310,7 +310,7 @@ def webshop_reward(product: dict, goal: dict, price: float, options: dict) -> fl
     return matched / (len(goal["attributes"]) + len(goal["goal_options"]) + 1) * type_factor(product, goal)
 
 
-# ---------------------------------------------------------------------------------------------- goals (§4)
+# -------------------------------------------------------------------------------------------- goals (goal.py)
 
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 
@@ -349,7 +349,7 @@ def build_shop(seed: int) -> Shop:
     return Shop(products, prices, goals)
 
 
-# ----------------------------------------------------------------------------------------- the site (§1, §2)
+# -------------------------------------------------------------------- site (web_agent_text_env.py, templates)
 
 SUB_PAGES = ("description", "features", "reviews", "attributes")
 _ACTION = re.compile(r"(.+)\[(.+)\]")   # the original's parse: greedy name, text after the last ']' ignored
@@ -466,7 +466,7 @@ class Site:
         return " [SEP] ".join(s for s in map(visible, self.nodes()) if s is not None)
 
     def nodes(self) -> list[str]:
-        """The page's text nodes in document order (the templates of §1.2)."""
+        """The page's text nodes in document order (its template's)."""
         if self.page == "search":
             return ["WebShop", "Instruction:", self.goal["instruction_text"], "Search"]
         if self.page == "done":
