@@ -8,8 +8,9 @@ tests/test_webshop.py:
   precomputed spaCy noun table for the title term, so no spaCy at run time;
 - `build_shop(seed)`: prices and the 6,910 synthetic goals in the original order (seed-233 shuffle); the
   original draws prices and price bounds unseeded, we draw them from a fixed build seed.
-`WebShop` is the text env (`text` observation mode): pages as ` [SEP] `-joined segments, `search[...]` and
-`click[...]` with the original's validity and transitions, reward at `buy now`.
+`Site` is one session of the original text env in its `text` mode: pages as ` [SEP] `-joined segments,
+`search[...]` and `click[...]` with the original's validity and transitions, the reward at `buy now`.
+envs.WebShop wraps it for RL (goal splits, step limit, action list). A module of its own for its size.
 """
 import functools
 import itertools

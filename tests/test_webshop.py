@@ -351,3 +351,14 @@ def test_scripted_agent_buys_the_goal(shop):
         rewards.append(r if done else 0.0)
     success = sum(r == 1.0 for r in rewards) / len(rewards)
     assert success > 0.9 and sum(rewards) / len(rewards) > 0.95
+
+
+def test_play_webshop_in_the_terminal(shop):
+    import io
+    out = io.StringIO()
+    lines = "search[remote for rca wi-fi streaming media player dsb772e]\nclick[b00r249c5g]\nclick[buy now]\n"
+    total = envs.play("webshop", 3, inp=io.StringIO(lines), out=out, split="test")
+    assert total == pytest.approx(1 / 3)
+    text = out.getvalue()
+    assert "Available actions: search[<your query>]" in text and "Your score (min 0.0, max 1.0)" in text
+    assert "episode over after 3 steps: success=False return=0.333333" in text
