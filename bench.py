@@ -8,7 +8,8 @@
   python bench.py bank      ExperienceBank.search p50/p99 (32 queries, 1k/20k/100k entries x 384-d) vs a numpy
                             brute force on the same keys; search latency with vs without the background writer
   python bench.py env       steps/s of envs.py's text wrappers vs the raw MiniHack gym env (same seeds and random
-                            actions: the ratio is the cost of the text); Sokoban steps/s (no reference)
+                            actions: the ratio is the cost of the text); Sokoban and WebShop steps/s (no
+                            reference; WebShop also its search alone, ms/query)
   python bench.py kernels   each Triton kernel vs its torch reference on the same inputs (CUDA only)
   python bench.py gpu       on one GPU, a Qwen2.5-0.5B-shaped random checkpoint in bf16: generate and decode
                             tokens/s, training tokens/s and peak memory, ours vs transformers; decode's FLOP/s
@@ -388,6 +389,7 @@ def _minihack_rates(task, steps):
 
 def bench_env(a):
     import envs
+    import webshop
     print(f"env stepping, random actions, {a.steps} steps each (steps/s; higher is better)")
     print(f"{'task':10s} {'ours':>10s} {'raw gym':>10s} {'ours/raw':>9s}")
     for task in envs.MINIHACK:
@@ -397,6 +399,12 @@ def bench_env(a):
     rate = _rate(soko.reset, lambda i: soko.step(soko.actions[i])[2], 4, a.steps)
     _, gen = _timed(lambda: [soko.reset(10_000 + s) for s in range(50)])
     print(f"{'sokoban':10s} {rate:10.0f} {'-':>10s} {'-':>9s}   (room generation {gen / 50 * 1e3:.1f} ms/reset)")
+    shop = envs.make("webshop")
+    envs.webshop_search("warm up")  # builds the index (about a second, once per process)
+    rate = _rate(shop.reset, lambda i: shop.step(shop.actions[i % len(shop.actions)])[2], 10**6, a.steps)
+    queries = [g["instruction_text"].lower() for g in shop.goals[:200]]
+    _, search = _timed(lambda: [webshop.search_index().search(webshop.analyze(q), 50) for q in queries])
+    print(f"{'webshop':10s} {rate:10.0f} {'-':>10s} {'-':>9s}   (search {search / len(queries) * 1e3:.2f} ms/query)")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ class Episode:
 
 class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
-    ALFWorld games from its held-out split (valid_unseen), training from train."""
+    ALFWorld games and WebShop goals from their held-out splits (envs.HELD_OUT), training from train."""
 
     def __init__(self, show_map: bool = True, max_steps: int = envs.MAX_STEPS):
         self.free: dict[tuple, list] = {}
@@ -256,8 +256,8 @@ class EnvPool:
         if self.free.get(key):
             return self.free[key].pop()
         kw = dict(max_steps=self.max_steps)
-        if task == "alfworld":
-            kw["split"] = "train" if train else "valid_unseen"
+        if task in envs.HELD_OUT:
+            kw["split"] = "train" if train else envs.HELD_OUT[task]
         if task in envs.MINIHACK:
             kw["show_map"] = self.show_map
         return envs.make(task, **kw)
@@ -941,18 +941,20 @@ def extractor_step(run) -> dict:
 
 
 def success_metrics(eps: list[Episode], prefix: str) -> dict:
-    """Success with and without experience per task, summed over ranks."""
+    """Success rate and mean reward (WebShop's is fractional) with and without experience per task, summed
+    over ranks."""
     counts = {}
     for e in eps:
-        key = f"{prefix}/{e.task}/success_{'exp' if e.with_exp else 'noexp'}"
-        n, s = counts.get(key, (0, 0))
-        counts[key] = (n + 1, s + int(e.success))
+        key = f"{prefix}/{e.task}/{{}}_{'exp' if e.with_exp else 'noexp'}"
+        n, s, r = counts.get(key, (0, 0, 0.0))
+        counts[key] = (n + 1, s + int(e.success), r + e.reward)
     total = {}
     for rank_counts in gather_objects(counts):
-        for k, (n, s) in rank_counts.items():
-            tn, ts = total.get(k, (0, 0))
-            total[k] = (tn + n, ts + s)
-    return {k: s / n for k, (n, s) in sorted(total.items())}
+        for k, (n, s, r) in rank_counts.items():
+            tn, ts, tr = total.get(k, (0, 0, 0.0))
+            total[k] = (tn + n, ts + s, tr + r)
+    return {k.format(name): v / n for k, (n, s, r) in sorted(total.items())
+            for name, v in (("success", s), ("reward", r))}
 
 
 def episode_metrics(run, eps: list[Episode]) -> dict:

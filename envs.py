@@ -9,8 +9,9 @@ words, e.g. `stairs down (>): 1 southeast, 1 east`).
   agent-centred crop, its screen descriptions (for the legend) and its message line.
 - Sokoban (`sokoban`): 6x6 room, 2 boxes, written here in numpy: random-walk room, reverse-play
   generation, and a BFS solver (`solve_sokoban`) that proves every generated room solvable.
-- ALFWorld (`alfworld`): the real `alfworld` + `textworld` games read from `$ALFWORLD_DATA` (unpacked
-  from the shared tarball by `alfworld_data_dir`).
+- ALFWorld (`alfworld`): the real `alfworld` + `textworld` games read from `$ALFWORLD_DATA` (else unpacked
+  from the repository's data/alfworld-games.tar.xz by `alfworld_data_dir`).
+- WebShop (`webshop`): the original site's pages, search and reward, rebuilt offline in webshop.py.
 
 Every env has `.instruction`, `.actions`, `.max_steps`, `reset(seed=None) -> str` and
 `step(reply) -> (obs, reward, done, info)` with `info["success"]`, `info["invalid"]`, `info["steps"]`.
@@ -34,8 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld")
-MAX_STEPS = 30  # the paper's per-episode action limit for MiniHack, Sokoban and ALFWorld
+import webshop
+from webshop import webshop_reward, webshop_search  # noqa: F401  (the pure functions WebShop is built on)
+
+TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop")
+MAX_STEPS = 30  # the paper's per-episode action limit for MiniHack, Sokoban and ALFWorld (WebShop: 10)
+DATA = Path(__file__).resolve().parent / "data"
+HELD_OUT = {"alfworld": "valid_unseen", "webshop": "test"}  # the split evaluation plays (training: "train")
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 
@@ -43,10 +49,14 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 def parse_action(reply: str, actions) -> str | None:
     """The action named by a reply, or None. Accepts the bare action or the actor's `<answer>...</answer>`
     format (the last tag wins, so reasoning before it may mention other actions); case-insensitive."""
-    found = _ANSWER.findall(reply)
-    text = (found[-1] if found else reply).strip().lower()
     valid = {a.lower(): a for a in actions}
-    return valid.get(text)
+    return valid.get(answer_text(reply).lower())
+
+
+def answer_text(reply: str) -> str:
+    """The reply's last `<answer>...</answer>` (else the whole reply), stripped."""
+    found = _ANSWER.findall(reply)
+    return (found[-1] if found else reply).strip()
 
 
 def invalid_text(reply: str, actions) -> str:
@@ -56,13 +66,13 @@ def invalid_text(reply: str, actions) -> str:
     return f"Action not understood: {shown!r}. Valid actions: {', '.join(actions)}."
 
 
-def begin_step(env, reply: str) -> tuple[str | None, dict]:
+def begin_step(env, reply: str, parse=parse_action) -> tuple[str | None, dict]:
     """The start of every env's step(): refuse a finished episode, count the step (an invalid reply counts
     too), parse the reply. Returns the action (None if invalid) and the info dict to fill in."""
     if env.done:
         raise ValueError("episode is over: call reset() before step()")
     env.steps += 1
-    action = parse_action(reply, env.actions)
+    action = parse(reply, env.actions)
     return action, {"success": False, "invalid": action is None, "steps": env.steps, "action": action}
 
 
@@ -585,13 +595,13 @@ def solve_sokoban(walls, targets, boxes, player, max_depth: int = 200):
 
 # ---------------------------------------------------------------------------------------------- ALFWorld
 
-ALFWORLD_TARBALL = Path(__file__).resolve().parent.parent / "shared" / "data" / "alfworld-games.tar.xz"
+ALFWORLD_TARBALL = DATA / "alfworld-games.tar.xz"
 _ALFWORLD_SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
 
 
 def alfworld_data_dir(split: str = "valid_unseen") -> Path:
     """The ALFWorld data root ($ALFWORLD_DATA, else ~/.cache/crl/alfworld) with `json_2.1.1/<split>`
-    present: unpacks that split from the tarball ($CRL_ALFWORLD_TAR, else ../shared/data/) on first use.
+    present: unpacks that split from the tarball ($CRL_ALFWORLD_TAR, else the repository's data/) on first use.
     A split is unpacked into a temporary folder and renamed into place, so an interrupted unpack leaves
     nothing half-written."""
     if split not in _ALFWORLD_SPLITS:
@@ -692,6 +702,76 @@ class ALFWorld:
         return obs, reward, self.done, info
 
 
+# ----------------------------------------------------------------------------------------------- WebShop
+
+_PRICE_CLAUSE = re.compile(r", and price lower than [\d.]+ dollars$")
+_OPTION_CLAUSE = re.compile(r" with [^,:]+: .*$")
+
+
+def shop_queries(instruction: str) -> tuple[str, ...]:
+    """The tiny actor's searches, from the instruction: without its price clause (the goal's product is on
+    the first results page for ~91% of goals), the product description alone (without "find me" and the
+    options), and that description's words before the first "with"/"for"."""
+    text = _PRICE_CLAUSE.sub("", instruction.lower())
+    product = _OPTION_CLAUSE.sub("", text).removeprefix("find me ")
+    head = re.split(r" with | for ", product)[0]
+    return tuple(dict.fromkeys(f"search[{q}]" for q in (text, product, head) if q))
+
+
+class WebShop:
+    """WebShop's small setting (webshop.py: the original's pages, search and reward). The observation is the
+    page in the original's `text` mode and the available actions (as ROLL, whose setup the authors use,
+    shows them); any `search[...]` and the page's `click[...]` act, anything else changes nothing. Reward
+    at `buy now` in [0, 1]; success is reward 1. `.actions` is what a constrained (tiny) actor may reply:
+    the page's clicks, or on the search page the queries of `shop_queries`. Goals: seed s plays goal
+    s mod N of the split, test = the first 500 goals of the original order, train = the other 6,410."""
+
+    instruction = ("You are shopping on a website for the product described after 'Instruction:'. Reply "
+                   "search[QUERY] on the search page, or click[BUTTON] with one of the available buttons (a "
+                   "product ID, an option, description, features, reviews, < prev, next >, back to search, "
+                   "buy now). Buy the product that matches the instruction, with the requested options.")
+
+    def __init__(self, seed=None, split: str = "train", max_steps: int = MAX_STEPS,
+                 build_seed: int = webshop.BUILD_SEED):
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown WebShop split {split!r}; choose train or test")
+        self.shop = webshop.build_shop(build_seed)
+        held_out = webshop.TEST_GOALS
+        self.goals = self.shop.goals[:held_out] if split == "test" else self.shop.goals[held_out:]
+        self.max_steps = min(max_steps, webshop.MAX_STEPS)  # the authors' 10; a smaller limit still applies
+        self._rng = random.Random(seed)
+        self.actions, self.done = (), True
+
+    def reset(self, seed=None) -> str:
+        self.episode_seed = _seed_from(self._rng, seed)
+        self.goal = self.goals[self.episode_seed % len(self.goals)]
+        self.site = webshop.Site(self.shop, self.goal, random.Random(self.episode_seed))
+        self.steps, self.done = 0, False
+        return self.render()
+
+    def render(self) -> str:
+        clicks = [f"click[{c}]" for c in self.site.clickables() if c != "search"]
+        search = self.site.page == "search"
+        self.actions = shop_queries(self.goal["instruction_text"]) if search else tuple(clicks)
+        shown = ["search[<your query>]"] if search else clicks
+        return self.site.text() + ("\nAvailable actions: " + ", ".join(shown) if shown else "")
+
+    def parse(self, reply: str, actions=None):
+        """The reply's action as the site parses it ((name, argument)), or None where it would do nothing."""
+        return self.site.parse(answer_text(reply))
+
+    def step(self, reply: str):
+        action, info = begin_step(self, reply, self.parse)
+        if action is not None:
+            self.site.act(*action)
+            info["action"] = f"{action[0]}[{action[1]}]"
+        reward = self.site.reward or 0.0
+        info["success"] = reward == 1.0
+        obs = self.render()
+        self.done = self.site.page == "done" or self.steps >= self.max_steps
+        return obs, reward, self.done, info
+
+
 # -------------------------------------------------------------------------------------------------- make
 
 def make(task: str, seed=None, **kwargs):
@@ -703,6 +783,8 @@ def make(task: str, seed=None, **kwargs):
         return Sokoban(seed=seed, **kwargs)
     if task == "alfworld":
         return ALFWorld(seed=seed, **kwargs)
+    if task == "webshop":
+        return WebShop(seed=seed, **kwargs)
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
 
 
@@ -738,14 +820,14 @@ def main(argv=None):
     p = sub.add_parser("play", help="play a task in the terminal as the actor sees it")
     p.add_argument("task", choices=TASKS)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--split", default=None, help="alfworld split (default train)")
+    p.add_argument("--split", default=None, help="alfworld split (default train); webshop: train or test")
     p.add_argument("--no-map", action="store_true", help="MiniHack without the character map (the tiny actor's view)")
     d = sub.add_parser("alfworld-data", help="unpack the ALFWorld games into $ALFWORLD_DATA or the cache")
     d.add_argument("--split", action="append", choices=_ALFWORLD_SPLITS,
                    help="split(s) to unpack (repeatable; default all)")
     args = ap.parse_args(argv)
     if args.cmd == "play":
-        extra = {"split": args.split} if args.task == "alfworld" and args.split else {}
+        extra = {"split": args.split} if args.task in ("alfworld", "webshop") and args.split else {}
         if args.no_map:
             if args.task not in MINIHACK:
                 sys.exit(f"error: --no-map applies to the MiniHack tasks ({', '.join(MINIHACK)}), not {args.task}")

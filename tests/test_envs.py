@@ -23,7 +23,7 @@ MINIHACK_TASKS = ["room", "maze", "keyroom", "river"]
 def test_make_unknown_task_lists_valid_names():
     with pytest.raises(ValueError) as e:
         envs.make("nethack-full")
-    for name in ("room", "maze", "keyroom", "river", "sokoban", "alfworld"):
+    for name in ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop"):
         assert name in str(e.value)
 
 
@@ -411,6 +411,16 @@ def test_alfworld_timeout_gives_minus_one(alfworld_env):
         rewards.append(r)
     assert done and not info["success"]
     assert rewards[:-1] == [0.0] * (env.max_steps - 1) and rewards[-1] == -1.0
+
+
+def test_alfworld_games_come_from_the_repository(tmp_path, monkeypatch):
+    """A fresh clone has the games: the default tarball lies inside the repository and unpacks a split."""
+    repo = Path(envs.__file__).resolve().parent
+    assert envs.ALFWORLD_TARBALL.is_file() and envs.ALFWORLD_TARBALL.is_relative_to(repo)
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    monkeypatch.delenv("CRL_ALFWORLD_TAR", raising=False)
+    root = envs.alfworld_data_dir("valid_seen")
+    assert root == tmp_path and len(list((root / "json_2.1.1" / "valid_seen").glob("*/*/game.tw-pddl"))) == 140
 
 
 def test_alfworld_missing_data_message(tmp_path, monkeypatch):
