@@ -79,7 +79,8 @@ class CRLConfig:
     show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
                                    "message line)", flag="map")
     max_steps: int = setting(envs.MAX_STEPS, "actions per episode (the paper: 30)", min=1)
-    max_reply_tokens: int = setting(512, "tokens per actor reply", min=1)
+    max_reply_tokens: int = setting(512, "tokens per actor reply (a constrained reply gets at least its longest "
+                                         "valid action)", min=1)
     max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
@@ -318,7 +319,7 @@ class EpisodeBatch:
         """Whether row i's feed and a full reply still fit the context; if not, the episode ends as a
         failure (truncated)."""
         cfg = self.cfg
-        if self.session.length(i) + len(self.feed[i]) + cfg.max_reply_tokens <= cfg.max_context:
+        if self.session.length(i) + len(self.feed[i]) + self.reply_budget([i]) <= cfg.max_context:
             return True
         e = self.eps[i]
         e.truncated, e.success = True, False
@@ -326,11 +327,20 @@ class EpisodeBatch:
         self.session.release([i])
         return False
 
+    def reply_budget(self, rows) -> int:
+        """Tokens a reply of these rows may take: max_reply_tokens, and for replies constrained to the valid
+        actions at least the longest one with its end token (WebShop's `click[b09qcp4579]` is 17 bytes)."""
+        if self.cfg.free_text:
+            return self.cfg.max_reply_tokens
+        longest = max(len(self.tok.encode(a, add_special_tokens=False)) for i in rows for a in self.games[i].actions)
+        return max(self.cfg.max_reply_tokens, longest + 1)
+
     def generate(self, rng, temperature):
         cfg, tok, rows = self.cfg, self.tok, self.playing
         cons = None if cfg.free_text else [Constraint.from_strings(tok, self.games[i].actions) for i in rows]
         t0 = time.perf_counter()
-        samples = generate(self.run.actor, [self.feed[i] for i in rows], cfg.max_reply_tokens, temperature=temperature,
+        budget = self.reply_budget(rows)
+        samples = generate(self.run.actor, [self.feed[i] for i in rows], budget, temperature=temperature,
                            top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id], tokenizer=tok,
                            generator=rng, constraint=cons, session=self.session, rows=rows)
         self.run.timer["generate"] += time.perf_counter() - t0

@@ -72,6 +72,18 @@ def test_first_ratio_is_one_on_policy():
             assert torch.allclose(lp[mask], torch.tensor(s.logprobs)[mask[0]], atol=1e-4)
 
 
+def test_constrained_reply_fits_the_longest_action():
+    """The tiny preset's 16-token replies still hold WebShop's 17-byte `click[<asin>]`: a constrained reply
+    gets at least the longest valid action, so no reply is cut into an invalid action."""
+    from model import load_tokenizer
+    cfg = crl.CRLConfig(mode="grpo", groups=1, group_size=4, free_text=False, max_reply_tokens=16,
+                        max_context=8192, max_steps=4)
+    run = crl.Run(cfg, ["webshop"], 0, Transformer.tiny(seed=0), load_tokenizer("tiny"), None, None, None, None, None)
+    run.timer = {"generate": 0.0, "env": 0.0}
+    eps = crl.rollout(run, crl.episode_specs(run, 0), crl.seeded_generator("cpu", 0, 0, 0, 1), 1.0)
+    assert sum(e.turns for e in eps) >= 8 and sum(e.invalid for e in eps) == 0
+
+
 def test_resume_gives_the_same_metrics(tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     args = ["--tasks", "room", "--mode", "crl", *FAST, "--minibatches", "2"]
