@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import envs
+import parallel
 from bank import BankConfig, Operation
 from model import Constraint, Session, generate, token_logprobs
 
@@ -531,13 +532,14 @@ def optimizer_step(run, model, opt, segments: list[Segment], advantages: list[fl
                   num_tokens=all_reduce_sum(sum(sum(s.mask) for s in segments)))
     # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
     # denominators above still count it, so the update is exactly the same)
-    trained = [j for j in range(len(segments)) if advantages[j] != 0.0]
+    trained = [j for j in range(len(segments)) if advantages[j] != 0.0 and any(segments[j].mask[1:])]
     if all_reduce_sum(len(trained)) == 0:
         return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
     opt.zero_grad(set_to_none=True)
     sums = backward_micro_batches(run, model, [segments[j] for j in trained], [advantages[j] for j in trained],
                                   objective, temperature, denoms)
-    all_reduce_grads(model)
+    if not parallel.is_sharded(model):   # FSDP has reduce-scattered them already
+        all_reduce_grads(model)
     loss = all_reduce_sum(sums["loss"])
     tokens = max(all_reduce_sum(sums["tokens"]), 1.0)
     out = {"loss": loss, "ratio": all_reduce_sum(sums["ratio"]) / tokens,
@@ -554,14 +556,16 @@ def backward_micro_batches(run, model, segments: list[Segment], advantages: list
     sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
     order = sorted(range(len(segments)), key=lambda j: len(segments[j].tokens))
     device = next(model.parameters()).device
+    parallel.match_microbatches(model, math.ceil(len(order) / cfg.micro_batch))
     for start in range(0, len(order), cfg.micro_batch):
         idx = order[start:start + cfg.micro_batch]
         batch = [segments[j] for j in idx]
         tokens, mask, old = pad_segments(batch, device)
         adv = torch.tensor([advantages[j] for j in idx], device=device)
         seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
-        logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                              allowed=[s.allowed for s in batch])
+        with parallel.autocast(model):
+            logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                  allowed=[s.allowed for s in batch])
         loss, (lo, hi) = objective_loss(cfg, objective, logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
         loss.backward()
         with torch.no_grad():
@@ -871,19 +875,22 @@ def train_step(run, step: int) -> dict:
     extractor_rng = seeded_generator(run.extractor.device, run.seed, step, rank(), 2) if run.extractor else None
 
     # 1-2. G rollouts of each task instance
-    eps = rollout(run, episode_specs(run, step), actor_rng, cfg.temperature)
+    with parallel.full_weights(run):
+        eps = rollout(run, episode_specs(run, step), actor_rng, cfg.temperature)
     metrics = {"step": step, **success_metrics(eps, "train")}
+    distilling = None
     if cfg.uses_bank:
-        record_outcomes(run, eps)                          # 3. bank usage, credit to extractor generations
-        distill_episodes(run, eps, step, extractor_rng)    # 4. lessons from the episodes (in the background)
+        record_outcomes(run, eps)                                      # 3. bank usage, credit to generations
+        distilling = distill_episodes(run, eps, step, extractor_rng)   # 4. lessons, while the actor trains
     if cfg.trains_actor and (step >= cfg.warmup or not cfg.uses_bank):
         metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
-    if run.manager is not None:
-        run.manager.flush()
+    if distilling is not None:
+        apply_everywhere(run, distilling.result())         # every rank's lessons, in rank order
     if cfg.trains_extractor:
         metrics.update(extractor_step(run))                # 6. CISPO on the generations judged so far
     if cfg.uses_bank and cfg.merge_every and (step + 1) % cfg.merge_every == 0:
-        apply_everywhere(run, merge_pass(run, step, extractor_rng))   # 7. merge similar lessons
+        with parallel.full_weights(run, actor=False):
+            apply_everywhere(run, merge_pass(run, step, extractor_rng))   # 7. merge similar lessons
     return {**metrics, **episode_metrics(run, eps)}
 
 
@@ -912,20 +919,18 @@ def record_outcomes(run, eps: list[Episode]):
     credit_generations(run, eps)
 
 
-def distill_episodes(run, eps: list[Episode], step: int, rng):
-    """Distil the episodes (or `distill_per_group` of each group) into bank operations: on the bank's
-    background thread while the actor trains (one GPU process), or inline (CPU; under DDP gathered and
-    applied in rank order, so every replica stays identical)."""
+def distill_episodes(run, eps: list[Episode], step: int, rng) -> "parallel.Distillation":
+    """Distil the episodes (or `distill_per_group` of each group) into bank operations, on the bank's
+    background thread while the actor trains (inline with --distill inline, the CPU default). The caller
+    applies every rank's operations in rank order after the update: the replicas stay identical and runs
+    reproducible."""
     chosen = eps
     if run.cfg.distill_per_group:
         by_group = {}
         for e in eps:
             by_group.setdefault(e.group, []).append(e)
         chosen = [e for g in sorted(by_group) for e in distill_choice(by_group[g], run.cfg.distill_per_group)]
-    if world() == 1:
-        run.manager.submit(distill, run, chosen, step, rng)
-    else:
-        apply_everywhere(run, distill(run, chosen, step, rng))
+    return parallel.Distillation(run, distill, chosen, step, rng)
 
 
 def actor_update(run, eps: list[Episode]) -> dict:
@@ -995,7 +1000,8 @@ def evaluate(run, tasks: list[str], episodes: int) -> dict:
     timer = run.timer
     run.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
     rng = seeded_generator(run.actor.device, run.seed, 7, rank(), 3)
-    eps = rollout(run, mine, rng, run.cfg.eval_temperature, train=False)
+    with parallel.full_weights(run):
+        eps = rollout(run, mine, rng, run.cfg.eval_temperature, train=False)
     run.timer = timer
     return success_metrics(eps, "eval")
 

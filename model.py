@@ -298,6 +298,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    checkpointing = False   # recompute this block's activations in backward instead of keeping them
+
     def __init__(self, c: ModelConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -306,6 +308,11 @@ class Block(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, x, cos, sin, mask=None, cache=None):
+        if self.checkpointing and cache is None and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
+        return self._forward(x, cos, sin, mask, cache)
+
+    def _forward(self, x, cos, sin, mask=None, cache=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 import crl
 import envs
+import parallel
 from bank import Embedder, ExperienceBank, ExperienceManager
 from crl import setting
 from model import Transformer, load_tokenizer
@@ -43,8 +44,18 @@ class RunConfig:
     resume: bool = setting(False, "continue the run in --out from its last checkpoint, with its saved flags")
     seed: int = setting(0, "seed of the models' init, the task instances and the sampling")
     device: str | None = setting(None, "cpu, cuda or cuda:N (default none: cuda when available)")
-    dtype: str | None = setting(None, "model dtype (default none: bfloat16 on cuda, float32 on cpu)",
+    dtype: str | None = setting(None, "compute dtype of forward, backward and rollouts (default none: bfloat16 on "
+                                      "cuda, float32 on cpu)", choices=("float32", "bfloat16"))
+    master_dtype: str = setting("float32", "dtype of the trained weights and AdamW state; bfloat16 halves their "
+                                           "memory, but AdamW steps below half a bf16 ulp vanish (at lr 1e-6 most do)",
                                 choices=("float32", "bfloat16"))
+    fsdp: bool = setting(False, "shard weights, gradients and AdamW state over the ranks (FSDP2), for models that "
+                                "do not fit one GPU under DDP; rollouts run on a gathered copy")
+    checkpoint_blocks: bool = setting(False, "recompute each block's activations in backward instead of keeping "
+                                             "them (long episodes on large models)")
+    distill: str | None = setting(None, "the extractor's distillation: inline, or on the bank's thread while the "
+                                        "actor trains (default none: background on cuda; on cpu a thread only "
+                                        "competes for the same cores)", choices=("inline", "background"))
     iters: int = setting(512, "training iterations", min=1)
     eval_every: int = setting(10, "evaluate every N iterations and after the last (0: never)", min=0)
     eval_episodes: int = setting(64, "held-out episodes per task, with and without experience each", min=1)
@@ -138,6 +149,8 @@ def check(p, args):
         p.error(f"unknown task {', '.join(unknown) or '(none)'}; choose from: {', '.join(envs.TASKS)}")
     if args.group_size % 2:
         p.error("--group-size must be an even number >= 2 (half the group plays without experience)")
+    if args.master_dtype == "bfloat16" and args.dtype == "float32":
+        p.error("--master-dtype bfloat16 needs --dtype bfloat16 (weights narrower than the compute dtype)")
     if args.device is not None:
         try:
             device = torch.device(args.device)
@@ -169,15 +182,18 @@ def config_from(args, cls=crl.CRLConfig, prefix=""):
 
 
 def setup_distributed(args) -> torch.device:
-    """torchrun sets RANK/WORLD_SIZE; plain `python train.py` is world size 1, on --device if given."""
+    """torchrun sets RANK/WORLD_SIZE; plain `python train.py` is world size 1, on --device if given. A process
+    group the caller made already (a script calling main() several times) is used as it is."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl")
+        if not dist.is_initialized():
+            dist.init_process_group("nccl")
         return torch.device("cuda", local)
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     return torch.device("cpu")
 
@@ -187,15 +203,22 @@ def model_dtype(args, device) -> torch.dtype:
     return getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
 
 
-def load_model(spec: str, seed: int, device, dtype):
+def load_model(spec: str, seed: int, device, dtype, args):
+    """The model with its weights in --master-dtype, computing in `dtype`; with --fsdp only rank 0 reads the
+    weights, and every rank receives its shard of them (see parallel.prepare)."""
+    master, reads = getattr(torch, args.master_dtype), not args.fsdp or crl.rank() == 0
     if spec == "tiny":
-        return Transformer.tiny(seed=seed).to(device=device, dtype=dtype), load_tokenizer("tiny")
+        model = Transformer.tiny(seed=seed).to(master) if reads else None
+        return parallel.prepare(model, device, dtype, args.fsdp, args.checkpoint_blocks), load_tokenizer("tiny")
     if not os.path.isdir(spec):
         sys.exit(f"error: checkpoint directory {spec!r} not found; pass 'tiny' or a local HF checkpoint directory")
     try:
-        return Transformer.from_pretrained(spec, dtype=dtype, device=device), load_tokenizer(spec)
+        where = "cpu" if args.fsdp else device
+        model = Transformer.from_pretrained(spec, dtype=master, device=where) if reads else None
+        tok = load_tokenizer(spec)
     except (ValueError, FileNotFoundError, OSError) as err:
         sys.exit(f"error: cannot load checkpoint {spec!r}: {err}")
+    return parallel.prepare(model, device, dtype, args.fsdp, args.checkpoint_blocks), tok
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -204,21 +227,31 @@ def load_model(spec: str, seed: int, device, dtype):
 # checkpoint in ckpt or ckpt.old, and recover_checkpoint() puts the latter back.
 
 def save_checkpoint(run: crl.Run, out: str, step: int, args=None):
+    """Every rank calls it: each keeps its own unrewarded extractor generations, and with --fsdp each holds a
+    shard of the weights (saved with torch.distributed.checkpoint under dcp/, beside the HF export)."""
     tmp, final, old = (os.path.join(out, name) for name in ("ckpt.tmp", "ckpt", "ckpt.old"))
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    if crl.rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    # every rank's generations, in rank order (the gather is also the barrier after rank 0 made tmp)
+    ranks = crl.gather_objects({"generations": [asdict(g) for g in run.generations.values()],
+                                "generations_made": run.generations_made})
+    parallel.save_sharded(run, os.path.join(tmp, "dcp"))
     for name, model, tok in (("actor", run.actor, run.actor_tok), ("extractor", run.extractor, run.extractor_tok)):
         if model is not None:
-            model.save_pretrained(os.path.join(tmp, name))
-            tok.save_pretrained(os.path.join(tmp, name))
+            parallel.save_pretrained(model, os.path.join(tmp, name))
+            if crl.rank() == 0:
+                tok.save_pretrained(os.path.join(tmp, name))
+    if crl.rank() != 0:
+        return
     if run.manager is not None:
         run.manager.bank.save(os.path.join(tmp, "bank"))
+    sharded = parallel.is_sharded(run.actor)   # then the optimizers' state is in dcp/
     state = {
         "step": step,
-        "actor_opt": run.actor_opt.state_dict() if run.actor_opt else None,
-        "extractor_opt": run.extractor_opt.state_dict() if run.extractor_opt else None,
-        "generations": [asdict(g) for g in run.generations.values()],
-        "generations_made": run.generations_made,
+        "actor_opt": run.actor_opt.state_dict() if run.actor_opt and not sharded else None,
+        "extractor_opt": run.extractor_opt.state_dict() if run.extractor_opt and not sharded else None,
+        "ranks": ranks,
     }
     torch.save(state, os.path.join(tmp, "state.pt"))
     if os.path.exists(final):
@@ -242,8 +275,15 @@ def load_trainer_state(run: crl.Run, ckpt: str) -> int:
         run.actor_opt.load_state_dict(state["actor_opt"])
     if run.extractor_opt and state["extractor_opt"]:
         run.extractor_opt.load_state_dict(state["extractor_opt"])
-    run.generations = {g["id"]: crl.Generation(**g) for g in state["generations"]}
-    run.generations_made = state["generations_made"] if "generations_made" in state else state["gen_counter"]
+    ranks = state.get("ranks") or [{"generations": state["generations"],      # a checkpoint from before
+                                    "generations_made": state["gen_counter"]}]  # per-rank generations
+    if len(ranks) != crl.world():
+        sys.exit(f"error: --resume: the checkpoint was written by {len(ranks)} ranks, this run has {crl.world()}; "
+                 f"resume with torchrun --nproc_per_node {len(ranks)}")
+    mine = ranks[crl.rank()]   # each rank takes back its own unrewarded generations
+    run.generations = {g["id"]: crl.Generation(**g) for g in mine["generations"]}
+    run.generations_made = mine["generations_made"]
+    parallel.load_sharded(run, os.path.join(ckpt, "dcp"))
     return state["step"] + 1
 
 
@@ -256,11 +296,12 @@ def build(args, device, dtype) -> tuple[crl.Run, int]:
     ckpt = os.path.join(args.out, "ckpt") if args.resume else None
     torch.manual_seed(args.seed)
     cfg = config_from(args)
-    actor, actor_tok = load_model(os.path.join(ckpt, "actor") if ckpt else args.actor, args.seed, device, dtype)
+    actor, actor_tok = load_model(os.path.join(ckpt, "actor") if ckpt else args.actor, args.seed, device, dtype,
+                                  args)
     extractor = extractor_tok = manager = None
     if cfg.uses_bank:
         extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if ckpt else args.extractor,
-                                              args.seed + 1, device, dtype)
+                                              args.seed + 1, device, dtype, args)
         manager = build_manager(args, cfg, device, ckpt)
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=0.0) if cfg.trains_actor else None
     extractor_opt = (torch.optim.AdamW(extractor.parameters(), lr=cfg.extractor_lr, weight_decay=0.0)
@@ -278,9 +319,10 @@ def build_manager(args, cfg: crl.CRLConfig, device, ckpt: str | None) -> Experie
         sys.exit(f"error: cannot load the embedder: {err}")
     bank = (ExperienceBank.load(os.path.join(ckpt, "bank")) if ckpt
             else ExperienceBank(embedder.dim, **dataclasses.asdict(cfg.bank)))
-    # inline under DDP (every rank applies the same operations in the same order) and on CPU, where a
-    # background thread only fights the actor's matmuls for the same cores (1.8x slower iterations)
-    return ExperienceManager(bank, embedder, sync=crl.world() > 1 or device.type == "cpu")
+    # inline on CPU by default: a background thread only fights the actor's matmuls for the same cores (1.8x
+    # slower iterations)
+    distill = args.distill or ("background" if device.type == "cuda" else "inline")
+    return ExperienceManager(bank, embedder, sync=distill == "inline")
 
 
 def open_run_dir(args):
@@ -348,15 +390,17 @@ def report(args, metrics: dict, log, bar):
 
 
 def checkpoint(run: crl.Run, args, step: int):
-    if crl.rank() == 0:
-        save_checkpoint(run, args.out, step, args)
+    save_checkpoint(run, args.out, step, args)
     if crl.world() > 1:
         dist.barrier()
 
 
 def main(argv=None):
     args = parse_args(argv)
+    owns_group = not dist.is_initialized()   # then it is this run's to destroy at the end
     device = setup_distributed(args)
+    if args.fsdp:
+        parallel.ensure_process_group(device)
     open_run_dir(args)
     run, start = build(args, device, model_dtype(args, device))
     log = open_log(args, start)
@@ -372,7 +416,7 @@ def main(argv=None):
             checkpoint(run, args, step)
     if args.final_eval_episodes:
         final_evaluation(run, args)
-    finish(run, args)
+    finish(run, args, owns_group)
     return run
 
 
@@ -386,16 +430,17 @@ def final_evaluation(run: crl.Run, args):
         os.replace(path + ".tmp", path)
 
 
-def finish(run: crl.Run, args):
+def finish(run: crl.Run, args, owns_group: bool):
     if run.manager is not None:
         run.manager.close()
     if crl.rank() == 0:
         ckpt = os.path.join(args.out, "ckpt")
         saved = f", checkpoint in {ckpt}" if os.path.exists(ckpt) else ""
         print(f"done: {args.out}/metrics.jsonl, {args.out}/curve.png{saved}")
-    if crl.world() > 1:
+    if dist.is_initialized():
         dist.barrier()  # leave together: gloo can abort a rank whose peer is still finishing its last write
-        dist.destroy_process_group()
+        if owns_group:
+            dist.destroy_process_group()
 
 
 def draw_curve(out: str):

@@ -196,10 +196,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(*argv, timeout=600):
+def _torchrun(*argv, timeout=600, worker="ddp_worker.py"):
     # a fresh port per launch: reusing one fixed port right after the previous launch can fail to bind
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           os.path.join(ROOT, "tests", "ddp_worker.py"), *argv]
+           os.path.join(ROOT, "tests", worker), *argv]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -260,8 +260,9 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_hf_checkpoint(path, seed):
-    """A tiny random Qwen3 written by transformers, with a byte-level BPE tokenizer and a ChatML template."""
+def write_hf_checkpoint(path, seed, **shape):
+    """A tiny random Qwen3 written by transformers, with a byte-level BPE tokenizer and a ChatML template
+    (`shape` overrides the config's sizes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
@@ -273,9 +274,9 @@ def write_hf_checkpoint(path, seed):
     tok.chat_template = CHATML
     tok.save_pretrained(path)
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-                      eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=True)
+    cfg = Qwen3Config(vocab_size=len(tok), eos_token_id=tok.eos_token_id, **{**sizes, **shape})
     Qwen3ForCausalLM(cfg).save_pretrained(path)
     return tok
 

@@ -1,0 +1,130 @@
+"""parallel.py: fp32 masters with bf16 compute, FSDP2 under torchrun (2 ranks, gloo) against the single-process
+update, generation on the gathered copy, the HF export read by transformers, an exact DCP resume, train.py
+end to end with --fsdp and --resume, and background distillation under DDP. Each torchrun launch runs many
+checks (tests/parallel_worker.py); a module fixture launches it once for the tests that read its results."""
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import crl
+import parallel
+from model import Transformer, generate, rope_inv_freq
+from test_train import _torchrun, fixed_segments, read_metrics, single_process_update, strip_times
+
+WORKER = "parallel_worker.py"
+
+
+def adamw_delta(model, lr=1e-6) -> torch.Tensor:
+    """All weights' change in one AdamW step on the fixed episodes, flattened."""
+    before = torch.cat([p.detach().float().flatten() for p in model.parameters()])
+    segs, advs = fixed_segments(Transformer.tiny(seed=0))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), model, opt, segs, advs, "grpo", 1.0)
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()]) - before
+
+
+def moves_like(delta, ref) -> tuple[float, float, float]:
+    """Of the weights `ref` moved: the fraction `delta` moved, and moved the same way; mean |delta| / mean |ref|.
+    (An Adam step is about lr * sign(grad), so bf16 noise flips the sign of the smallest gradients.)"""
+    moved = ref != 0
+    return ((delta != 0)[moved].float().mean().item(), (torch.sign(delta) == torch.sign(ref))[moved].float().mean().item(),
+            (delta.abs().mean() / ref.abs().mean()).item())
+
+
+def test_fp32_masters_with_bf16_compute_update_like_fp32():
+    """At lr 1e-6 an AdamW step on fp32 masters computed in bf16 (autocast) moves the weights as the fp32 step
+    does; on bf16 weights almost every step is below half a bf16 ulp and vanishes."""
+    ref = adamw_delta(Transformer.tiny(seed=0))
+    mixed = parallel.prepare(Transformer.tiny(seed=0), torch.device("cpu"), torch.bfloat16)
+    frac, same_sign, ratio = moves_like(adamw_delta(mixed), ref)
+    assert all(p.dtype == torch.float32 for p in mixed.parameters())
+    assert frac > 0.99 and same_sign > 0.8 and 0.9 < ratio < 1.1, (frac, same_sign, ratio)
+    frac, _, ratio = moves_like(adamw_delta(Transformer.tiny(seed=0).to(torch.bfloat16)), ref)
+    assert frac < 0.1 and ratio < 0.1, (frac, ratio)   # measured: 0.012 and 0.017
+    # rollouts run on a bf16 copy, equal to the model cast to bf16
+    copy, cast = parallel.rollout_copy(mixed), Transformer.tiny(seed=0)
+    cast.load_state_dict(mixed.state_dict())
+    cast = cast.to(torch.bfloat16)
+    cast.inv_freq = rope_inv_freq(cast.config)   # rotary frequencies stay fp32, as in a loaded checkpoint
+    assert copy.dtype == torch.bfloat16 and not any(p.requires_grad for p in copy.parameters())
+    a, b = (generate(m, [[1, 2, 3]], 6, generator=torch.Generator().manual_seed(0)) for m in (copy, cast))
+    assert a[0].tokens == b[0].tokens and a[0].logprobs == b[0].logprobs
+
+
+@pytest.fixture(scope="module")
+def units(tmp_path_factory):
+    out = tmp_path_factory.mktemp("units")
+    _torchrun("units", str(out), worker=WORKER)
+    return out, torch.load(out / "units.pt", weights_only=True)
+
+
+def assert_close(a: dict, b: dict, atol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=atol), (k, (a[k] - b[k]).abs().max())
+
+
+@pytest.mark.parametrize("objective", ["grpo", "cispo"])
+def test_fsdp_update_equals_single_process(units, objective):
+    ref = single_process_update(objective).state_dict()
+    start = Transformer.tiny(seed=0).state_dict()
+    assert any(not torch.equal(ref[k], start[k]) for k in ref)
+    assert_close(units[1][objective], ref)
+
+
+def test_fsdp_uneven_microbatches_after_divergent_generation(units):
+    """Rank 0 ran 4 micro-batches, rank 1 two, after rank-divergent generate calls; blocks checkpointed."""
+    assert_close(units[1]["uneven"], single_process_update("grpo").state_dict())
+
+
+def test_generation_on_the_gathered_copy_equals_the_plain_model(units):
+    samples = generate(Transformer.tiny(seed=0), [[1, 5, 9, 14, 3], [2, 7], [4, 4, 8, 1, 1, 6, 2]], 8,
+                       generator=torch.Generator().manual_seed(0))
+    assert units[1]["samples"] == [(s.tokens, s.logprobs) for s in samples]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_export_of_a_sharded_model_reopens_in_transformers(units, tied):
+    from transformers import AutoModelForCausalLM
+    out, res = units
+    ours = Transformer.tiny(seed=1, tie_word_embeddings=True) if tied else Transformer.tiny(seed=0)
+    if not tied:
+        ours.load_state_dict(res["uneven"])
+    hf = AutoModelForCausalLM.from_pretrained(out / ("hf_tied" if tied else "hf_untied"), dtype=torch.float32)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, ours(ids), atol=1e-5)
+    assert hf.config.tie_word_embeddings == tied
+
+
+def test_dcp_resume_is_exact(units):
+    resumed, original = units[1]["dcp"][1], units[1]["dcp"][0]
+    assert all(torch.equal(resumed[k], original[k]) for k in original)
+
+
+def test_fsdp_bf16_compute_keeps_fp32_masters(units):
+    res = units[1]
+    assert res["mp_master_dtypes"] == ["torch.float32"]
+    start = Transformer.tiny(seed=0)
+    delta = torch.cat([(res["mp"][k] - v).flatten() for k, v in start.state_dict().items()])
+    frac, same_sign, ratio = moves_like(delta, adamw_delta(start))
+    assert frac > 0.99 and same_sign > 0.8 and 0.9 < ratio < 1.1, (frac, same_sign, ratio)
+
+
+def test_train_fsdp_resume_and_background_distillation(tmp_path):
+    _torchrun("train", str(tmp_path), worker=WORKER)
+    full, part = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
+    assert [r["step"] for r in full] == [0, 1] and "actor/loss" in full[1]
+    assert strip_times(full[1]) == strip_times(part[1])          # the DCP resume is exact
+    res = [json.load(open(tmp_path / f"train{r}.json")) for r in (0, 1)]
+    for r, mine in enumerate(res):                                # every rank gets its own generations back
+        assert mine["saved_generations"] and all(g % 2 == r for g in mine["saved_generations"])
+        assert mine["resumed_generations"] == mine["saved_generations"]
+    assert res[0]["distill_threads"] == ["bank-distill"]          # distilled on the manager's thread
+    assert res[0]["async"][0] == res[1]["async"][0] and len(res[0]["async"][0]) > 0   # identical replicas
+    a, b = read_metrics(tmp_path / "async"), read_metrics(tmp_path / "async2")
+    assert [strip_times(r) for r in a] == [strip_times(r) for r in b]
+    assert res[0]["async"][0] == res[0]["async"][1]
