@@ -521,14 +521,15 @@ def bench_gpu(a):
     shape, sizes = (SMALL, SMALL_SIZES) if a.small else (QWEN25_05B, GPU_SIZES)
     for k, v in sizes.items():
         setattr(a, k, getattr(a, k) or v)
-    with tempfile.TemporaryDirectory() as path:
-        _random_qwen2(shape, path)
-        ours = Transformer.from_pretrained(path, dtype=torch.bfloat16, device=device)
-        hf = _hf_model(path, torch.bfloat16).to(device)
     V = shape["vocab_size"]
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(1, V, (a.batch, a.prompt), generator=g)
     tokens, mask = _train_batch(V, a.train_batch, a.seq, device)
+    with tempfile.TemporaryDirectory() as path:
+        _random_qwen2(shape, path)
+        moved = {m: _lr_1e6_steps(path, device, tokens[:2], mask[:2], m) for m in (torch.float32, torch.bfloat16)}
+        ours = Transformer.from_pretrained(path, dtype=torch.bfloat16, device=device)
+        hf = _hf_model(path, torch.bfloat16).to(device)
 
     def ours_generate(b, n):
         out = generate(ours, prompts[:b].tolist(), n, temperature=1.0, seed=0)
@@ -558,6 +559,29 @@ def bench_gpu(a):
         r["decode TFLOP/s"] = r["decode tok/s"] * per_token / 1e12
         r["decode share of peak %"] = 100 * r["decode tok/s"] * per_token / peak
     _print_gpu_table(a, ours, device, res, peak, per_token)
+    (f32_frac, f32_mean), (bf16_frac, bf16_mean) = moved[torch.float32], moved[torch.bfloat16]
+    print(f"  AdamW lr 1e-6, {LR_STEPS} steps, bf16 compute: weights moved {100 * f32_frac:.1f}% with fp32 masters, "
+          f"{100 * bf16_frac:.1f}% with bf16 masters; mean |step| bf16 / fp32 masters = {bf16_mean / f32_mean:.3f}")
+
+
+LR_STEPS = 10
+
+
+def _lr_1e6_steps(path, device, tokens, mask, master: torch.dtype) -> tuple[float, float]:
+    """The fraction of weights that LR_STEPS AdamW steps at the authors' lr 1e-6 move, and their mean |change|,
+    with masters in `master` and compute in bf16 (steps below half a bf16 ulp vanish on bf16 masters)."""
+    import parallel
+    from model import Transformer, token_logprobs
+    model = parallel.prepare(Transformer.from_pretrained(path, dtype=master, device=device), device, torch.bfloat16)
+    start = [p.detach().float().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    for _ in range(LR_STEPS):
+        opt.zero_grad(set_to_none=True)
+        with parallel.autocast(model):
+            token_logprobs(model, tokens, mask).sum().backward()
+        opt.step()
+    delta = torch.cat([(p.detach().float() - s).flatten() for p, s in zip(model.parameters(), start)])
+    return (delta != 0).float().mean().item(), delta.abs().mean().item()
 
 
 def _print_gpu_table(a, ours, device, res, peak, per_token):

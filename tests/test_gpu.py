@@ -306,23 +306,24 @@ def test_bench_gpu_without_cuda_is_a_one_line_error():
 @pytest.mark.parametrize("fsdp", [False, True])
 @cuda
 def test_two_training_iterations_on_cuda(tmp_path, fsdp):
-    """train.py end to end on the GPU with free-text HF checkpoints (actor, extractor, a decoder embedder):
-    fp32 master weights computing in bf16, 2 iterations without and with --fsdp (one rank, blocks
-    checkpointed), both models updated, checkpoints written (with --fsdp also the sharded DCP save)."""
+    """train.py end to end on the GPU with HF checkpoints (the actor's replies constrained to the moves, so
+    some episodes succeed and the update has work; a free-text extractor; a decoder embedder): fp32 master
+    weights computing in bf16, 2 iterations without and with --fsdp (one rank, blocks checkpointed),
+    checkpoints written (with --fsdp also the sharded DCP save)."""
     import parallel
     import train
     from test_train import read_metrics, write_hf_checkpoint
     for name, seed in (("actor", 0), ("extractor", 1), ("embedder", 2)):
         write_hf_checkpoint(str(tmp_path / name), seed)
     out = tmp_path / "run"
-    run = train.main(["--tasks", "sokoban", "--actor", str(tmp_path / "actor"), "--extractor",
+    run = train.main(["--tasks", "room", "--no-free-text", "--actor", str(tmp_path / "actor"), "--extractor",
                       str(tmp_path / "extractor"), "--embedder", str(tmp_path / "embedder"), "--iters", "2",
                       "--eval-every", "1", "--eval-episodes", "2", "--groups", "2", "--group-size", "4",
-                      "--max-steps", "3", "--max-reply-tokens", "24", "--extractor-reply-tokens", "32",
+                      "--max-steps", "8", "--max-reply-tokens", "24", "--extractor-reply-tokens", "32",
                       "--warmup", "0", "--extractor-batch", "2", "--out", str(out),
                       *(["--fsdp", "--checkpoint-blocks"] if fsdp else [])])
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [0, 1] and "actor/loss" in rows[0] and "eval/sokoban/success_noexp" in rows[1]
+    assert [r["step"] for r in rows] == [0, 1] and "actor/loss" in rows[0] and "eval/room/success_noexp" in rows[1]
     assert run.actor.device.type == "cuda" and parallel.is_sharded(run.actor) == fsdp
     assert {p.dtype for p in run.actor.parameters()} == {torch.float32}
     assert parallel.compute_dtype(run.actor) == torch.bfloat16
