@@ -15,7 +15,9 @@
                             tokens/s, training tokens/s and peak memory, ours vs transformers; decode's FLOP/s
                             as a share of a large bf16 matmul's (CUDA; `--device cpu --small` smoke-tests it)
   python bench.py step      seconds per crl.train_step on the tiny preset, mode crl vs mode grpo (same seeds and
-                            groups): the cost of co-evolving the extractor and the bank, split by phase
+                            groups): the cost of co-evolving the extractor and the bank, split by phase; with
+                            `--compare distill`, distillation inline vs on the bank's thread during the actor
+                            update (also under `torchrun --nproc_per_node N bench.py step ...`: DDP)
 
 `python bench.py SUBCOMMAND -h` lists its options.
 """
@@ -612,17 +614,20 @@ STEP_PARTS = ("generate", "env", "update", "extractor", "extractor_update")
 
 
 def bench_step(a):
-    """Builds each mode's run exactly as train.py does (same flags, seeds and groups), then times
-    crl.train_step. The actor's warm-up is 0 by default, so both modes update the actor every timed
+    """Builds each variant's run exactly as train.py does (same flags, seeds and groups), then times
+    crl.train_step. The actor's warm-up is 0 by default, so every variant updates the actor every timed
     iteration; the merge pass (every --merge-every iterations) only falls in runs of that many iterations."""
     import crl
     import train
     argv = ["--tasks", a.tasks, "--groups", str(a.groups), "--group-size", str(a.group_size),
             "--seed", str(a.seed), "--warmup", str(a.warmup), *shlex.split(a.extra)]
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = train.setup_distributed(train.parse_args([*argv, *(["--device", a.device] if a.device else [])]))
+    variants = {"crl": ["--mode", "crl"], "grpo": ["--mode", "grpo"]}
+    if a.compare == "distill":
+        variants = {"inline": ["--distill", "inline"], "background": ["--distill", "background"]}
     res = {}
-    for mode in ("crl", "grpo"):
-        args = train.parse_args([*argv, "--mode", mode])
+    for mode, flags in variants.items():
+        args = train.parse_args([*argv, *flags])
         dtype = train.model_dtype(args, device)
         run, _ = train.build(args, device, dtype)
         rows = []
@@ -633,17 +638,21 @@ def bench_step(a):
             run.manager.close()
         res[mode] = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
         res[mode]["bank size"] = metrics["bank_size"]
-    print(f"train_step, {args.actor} actor and extractor ({device}, {torch.get_num_threads()} threads), tasks "
-          f"{a.tasks}, {a.groups} groups x {a.group_size}, actor warm-up {a.warmup}: seconds per iteration, mean "
-          f"of {a.iters}\n(in one process the extractor distils in the background during the actor update, so "
-          f"parts may overlap; episode length, in mean turns, differs between the modes)")
+    if crl.rank() > 0:
+        return
+    print(f"train_step, {args.actor} actor and extractor ({device}, {torch.get_num_threads()} threads, "
+          f"{crl.world()} rank(s)), tasks {a.tasks}, {a.groups} groups x {a.group_size}, actor warm-up {a.warmup}: "
+          f"seconds per iteration, mean of {a.iters}\n(with background distillation the extractor's parts overlap "
+          f"the actor update; episode length, in mean turns, differs between modes)")
     cols = ("iteration", *STEP_PARTS, "turns")
     w = {c: max(len(c), 7) + 2 for c in cols}
-    print(f"  {'':9s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
-    for mode in ("crl", "grpo"):
-        print(f"  {mode:9s}" + "".join(f"{res[mode][c]:{w[c]}.3f}" for c in cols) + f"  {res[mode]['bank size']:9d}")
-    ratio = {c: "-" if res["grpo"][c] == 0 else f"{res['crl'][c] / res['grpo'][c]:.2f}x" for c in cols}
-    print(f"  {'crl/grpo':9s}" + "".join(f"{ratio[c]:>{w[c]}s}" for c in cols))
+    new, ref = ("crl", "grpo") if a.compare == "mode" else ("background", "inline")
+    lw = len(new + "/" + ref)
+    print(f"  {'':{lw}s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
+    for mode in variants:
+        print(f"  {mode:{lw}s}" + "".join(f"{res[mode][c]:{w[c]}.3f}" for c in cols) + f"  {res[mode]['bank size']:9d}")
+    ratio = {c: "-" if res[ref][c] == 0 else f"{res[new][c] / res[ref][c]:.2f}x" for c in cols}
+    print(f"  {new + '/' + ref:{lw}s}" + "".join(f"{ratio[c]:>{w[c]}s}" for c in cols))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -694,7 +703,10 @@ def parse_args(argv=None):
         gp.add_argument(f"--{k.replace('_', '-')}", type=int, default=0,
                         help=f"default {v} ({SMALL_SIZES[k]} with --small)")
 
-    s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset)")
+    s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), or "
+                                    "distillation inline vs in the background")
+    s.add_argument("--compare", choices=["mode", "distill"], default="mode",
+                   help="mode: crl vs grpo; distill: mode crl with --distill inline vs background")
     s.add_argument("--tasks", default="room")
     s.add_argument("--groups", type=int, default=2)
     s.add_argument("--group-size", type=int, default=8)

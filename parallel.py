@@ -111,8 +111,8 @@ def plain_copy(model: Transformer, dtype: torch.dtype) -> Transformer:
         copy = Transformer(model.config)
     state = {}
     for name, p in model.named_parameters():   # a tied lm_head is listed once, as the embedding
-        t = p.detach().to(dtype)
-        state[name] = t.full_tensor() if isinstance(t, DTensor) else t.clone()
+        t = p.detach().to(dtype, copy=True)
+        state[name] = t.full_tensor() if isinstance(t, DTensor) else t
     copy.load_state_dict(state, strict=False, assign=True)
     if model.config.tie_word_embeddings:
         copy.lm_head.weight = copy.embed_tokens.weight

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import regex
-from rapidfuzz import fuzz, utils
 
 DATA = Path(__file__).resolve().parent / "data" / "webshop"
 MAX_STEPS = 10          # actions per episode, as the authors (ROLL, ComplementaryRL) play WebShop
@@ -259,7 +258,10 @@ _LATIN1 = {i: None for i in range(128, 256)}
 
 
 def token_set_ratio(a, b) -> int:
-    """thefuzz's token_set_ratio (force_ascii, full_process; integer score) through rapidfuzz."""
+    """thefuzz's token_set_ratio (force_ascii, full_process; integer score) through rapidfuzz (imported here:
+    only the reward needs it, and envs.py imports this module for every task)."""
+    from rapidfuzz import fuzz, utils
+
     def clean(x):
         return utils.default_process(str(x).translate(_LATIN1))
     return int(round(fuzz.token_set_ratio(clean(a), clean(b))))

@@ -12,7 +12,7 @@ import torch
 import crl
 import parallel
 from model import Transformer, generate, rope_inv_freq
-from test_train import _torchrun, fixed_segments, read_metrics, single_process_update, strip_times
+from test_train import FAST, _torchrun, fixed_segments, read_metrics, single_process_update, strip_times
 
 WORKER = "parallel_worker.py"
 
@@ -128,3 +128,20 @@ def test_train_fsdp_resume_and_background_distillation(tmp_path):
     a, b = read_metrics(tmp_path / "async"), read_metrics(tmp_path / "async2")
     assert [strip_times(r) for r in a] == [strip_times(r) for r in b]
     assert res[0]["async"][0] == res[0]["async"][1]
+
+
+def test_fsdp_in_one_process(tmp_path):
+    """--fsdp without torchrun (one GPU): a one-rank process group, sharded models, a DCP checkpoint; the
+    group is the run's own, destroyed at its end."""
+    import torch.distributed as dist
+    import train
+    out = str(tmp_path / "one")
+    try:
+        run = train.main(["--tasks", "room", "--iters", "1", "--out", out, "--fsdp", *FAST])
+        assert parallel.is_sharded(run.actor) and parallel.is_sharded(run.extractor)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert "actor/loss" in read_metrics(out)[0]
+    assert os.path.isdir(os.path.join(out, "ckpt", "dcp")) and os.path.isdir(os.path.join(out, "ckpt", "actor"))
