@@ -87,6 +87,9 @@ class CRLConfig:
     max_steps: int = setting(envs.MAX_STEPS, "actions per episode (the paper: 30)", min=1)
     max_reply_tokens: int = setting(512, "tokens per actor reply", min=1)
     max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
+    query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
+                                     "map even when the actor's view has none: it tells apart starts that look the "
+                                     "same in words")
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
@@ -303,8 +306,9 @@ class EpisodeBatch:
         self.obs = [env.reset(seed=e.seed) for env, e in zip(self.games, self.eps)]
         run.timer["env"] += time.perf_counter() - t0
         for e, env, o in zip(self.eps, self.games, self.obs):
-            e.instruction, e.query = env.instruction, retrieval_query(env, o)
-            e.transcript.append(("environment", o))
+            view = env.map_view() if self.cfg.query_map and hasattr(env, "map_view") else o
+            e.instruction, e.query = env.instruction, retrieval_query(env, view)
+            e.transcript.append(("environment", view))
         if self.cfg.uses_bank:
             retrieve(run, [e for e in self.eps if e.with_exp], train=train)
         self.systems = [self.system_prompt(env, e) for env, e in zip(self.games, self.eps)]
