@@ -12,6 +12,7 @@ Tags in comments: `PAPER: x` names the paper's term or section for what the code
 choice taken from the authors' released code where the paper does not state it.
 """
 import dataclasses
+import itertools
 import math
 import re
 import time
@@ -74,6 +75,11 @@ class CRLConfig:
                                     "to the valid actions")
     max_asks: int = setting(2, "search_and_ask calls per free-text episode [code]", min=0)
     ask_lessons: int = setting(3, "lessons retrieved for the extractor to answer an ask", min=1)
+    recent_moves: int = setting(0, "each observation ends with the actor's last N actions, a compact memory a "
+                                   "memoryless (--history 0) tiny actor can read (0: none)", min=0)
+    train_instances: int = setting(0, "a finite training pool: instance seeds drawn from N fixed ones, as the "
+                                      "paper's finite train sets (0: a fresh seed every group); evaluation stays "
+                                      "on held-out seeds", min=0)
     history: int | None = setting(None, "turns kept in the actor's context (default none: the whole episode, "
                                         "KV cache kept across turns)", min=0)
     instructions: bool = setting(True, "task text and reply format in the actor's prompt")
@@ -83,10 +89,15 @@ class CRLConfig:
     max_reply_tokens: int = setting(512, "tokens per actor reply (a constrained reply gets at least its longest "
                                          "valid action)", min=1)
     max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
+    query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
+                                     "map even when the actor's view has none: it tells apart starts that look the "
+                                     "same in words")
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
     extractor_reply_tokens: int = setting(1024, "tokens per extractor reply", min=1)
+    lesson_moves: int = setting(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
+                                   "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
     episode_chars: int = setting(6000, "characters of a finished episode shown to the extractor", min=2)
     distill_per_group: int = setting(0, "episodes per group sent to the extractor (0: all)", min=0)
     max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
@@ -297,13 +308,15 @@ class EpisodeBatch:
         self.obs = [env.reset(seed=e.seed) for env, e in zip(self.games, self.eps)]
         run.timer["env"] += time.perf_counter() - t0
         for e, env, o in zip(self.eps, self.games, self.obs):
-            e.instruction, e.query = env.instruction, retrieval_query(env, o)
-            e.transcript.append(("environment", o))
+            view = env.map_view() if self.cfg.query_map and hasattr(env, "map_view") else o
+            e.instruction, e.query = env.instruction, retrieval_query(env, view)
+            e.transcript.append(("environment", view))
         if self.cfg.uses_bank:
             retrieve(run, [e for e in self.eps if e.with_exp], train=train)
         self.systems = [self.system_prompt(env, e) for env, e in zip(self.games, self.eps)]
         self.feed = [encode_chat(self.tok, window_messages(s, [], o, 0)) for s, o in zip(self.systems, self.obs)]
         self.history = [[] for _ in self.eps]
+        self.moves = [[] for _ in self.eps]                 # each episode's replies, for cfg.recent_moves
         for e, f in zip(self.eps, self.feed):
             e.segments.append(Segment())
             e.segments[-1].extend(f)
@@ -376,6 +389,9 @@ class EpisodeBatch:
         e.turns += 1
         e.invalid += int(bool(info.get("invalid", False)))
         e.transcript.append(("environment", self.obs[i]))
+        self.moves[i].append(reply.strip())
+        if self.cfg.recent_moves:   # the actor's view only; the extractor reads the transcript
+            self.obs[i] += "\nlast moves: " + " ".join(self.moves[i][-self.cfg.recent_moves:])
         if self.done[i]:
             e.reward, e.success = float(reward), bool(info.get("success", False))
 
@@ -688,20 +704,37 @@ def parse_operations(reply: str, shown: int, max_ops: int = 3) -> tuple[list[tup
     return [o for o in ops if o[0] != "none"][:max_ops], bad
 
 
-def operation_heads(tok, shown: int, merge: bool = False) -> Constraint:
-    """For a tiny extractor: the operation head is constrained, the lesson after it is free text."""
+def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = ()) -> Constraint:
+    """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
+    `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply."""
     heads = [] if merge else ["ADD: "]
     if shown:
         heads.append("UPDATE " + ",".join(str(i + 1) for i in range(shown)) + ": ")
+    if plans:   # each string and the end of the reply
+        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + ["NONE"])
     completions = [tok.encode(h, add_special_tokens=False) for h in heads]
     completions.append(tok.encode("NONE", add_special_tokens=False) + [tok.eos_token_id])
     return Constraint(completions, free_after=True)
 
 
-def heads_for(run, shown: list[int], merge: bool = False) -> list | None:
+def lesson_plans(actions, n: int) -> tuple[str, ...]:
+    """The lesson grammar: every plan of 1..n of the env's own action words, `southeast east`."""
+    return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
+
+
+def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
     if run.cfg.extractor_free_text:
         return None
-    return [operation_heads(run.extractor_tok, n, merge) for n in shown]
+    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task)) for n, task in zip(shown, tasks)]
+
+
+def task_plans(run, task: str) -> tuple[str, ...]:
+    """The lesson grammar of `task` (empty without cfg.lesson_moves), from one of its envs' actions."""
+    if not run.cfg.lesson_moves:
+        return ()
+    env = run.pool.take(task)
+    run.pool.give(task, True, env)
+    return lesson_plans(env.actions, run.cfg.lesson_moves)
 
 
 def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, heads: list | None = None,
@@ -745,7 +778,7 @@ def distill(run, eps: list[Episode], step: int, rng) -> list[Operation]:
         return []
     prompts = [extractor_prompt(run, e) for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
-                                 heads_for(run, [len(e.retrieved) for e in eps]))
+                                 heads_for(run, [len(e.retrieved) for e in eps], [e.task for e in eps]))
     keys = run.manager.embed([e.query for e in eps])
     ops = []
     for e, key, (gen_id, reply) in zip(eps, keys, outputs):
@@ -836,7 +869,8 @@ def merge_pass(run, step: int, rng) -> list[Operation]:
         prompts.append(encode_chat(run.extractor_tok, [{"role": "system", "content": MERGE_SYSTEM},
                                                        {"role": "user", "content": user}]))
     outputs = extractor_generate(run, prompts, [t for t, _ in mine], rng,
-                                 heads_for(run, [len(similar) for _, similar in mine], merge=True))
+                                 heads_for(run, [len(similar) for _, similar in mine], [t for t, _ in mine],
+                                           merge=True))
     ops = []
     for (task, similar), (gen_id, reply) in zip(mine, outputs):
         parsed, bad = parse_operations(reply, len(similar), cfg.max_operations)
@@ -902,7 +936,7 @@ def episode_specs(run, step: int) -> list[tuple]:
     specs = []
     for g in range(groups):
         task = run.tasks[(step * groups + g) % len(run.tasks)]
-        seed = int(rng.integers(EVAL_SEED0))
+        seed = int(rng.integers(run.cfg.train_instances or EVAL_SEED0))
         if g % world() != rank():
             continue
         for j in range(G):

@@ -270,6 +270,15 @@ class MiniHackEnv:
         self.raw = raw
         return self.obs
 
+    def map_view(self) -> str:
+        """The current view with the character map, whatever show_map says: a retrieval key that tells
+        apart the dark room's starts, most of which look the same in words (crl's --query-map)."""
+        shown, self.show_map = self.show_map, True
+        try:
+            return self.render(self.raw, first=self.steps == 0)
+        finally:
+            self.show_map = shown
+
     @property
     def pos(self) -> tuple:
         """The agent's (x, y) on NetHack's map, from blstats (also in every step's info)."""

@@ -306,3 +306,34 @@ def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
     assert "actor/loss" in rows[1]
     assert os.path.exists(os.path.join(out, "ckpt", "actor", "tokenizer.json"))
     assert run.cfg.free_text and run.cfg.extractor_free_text
+
+
+def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
+    """--lesson-moves: every extractor reply is `ADD: <plan>`, `UPDATE 1: <plan>` or NONE with the plan made
+    of the env's action words; it parses to that plan, and the sampler's log-probs under the grammar equal
+    the trainer's recomputation (the CISPO ratio starts at 1)."""
+    from model import load_tokenizer
+    tok = load_tokenizer("tiny")
+    extractor = Transformer.tiny(seed=5)
+    cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_temperature=1.5,
+                        extractor_reply_tokens=64)
+    run = crl.Run(cfg, ["room"], 0, extractor, tok, None, extractor, tok, None, None)
+    run.timer = {"extractor": 0.0}
+    plans = crl.task_plans(run, "room")
+    assert len(plans) == 8 + 64 and "southeast east" in plans
+    prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
+    out = crl.extractor_generate(run, [prompt] * 24, ["room"] * 24, crl.seeded_generator("cpu", 0, 1),
+                                 crl.heads_for(run, [1] * 24, ["room"] * 24))
+    kinds = set()
+    for gen_id, reply in out:
+        ops, bad = crl.parse_operations(reply, shown=1)
+        assert bad == 0 and all(text in plans for _, _, text in ops)
+        kinds.add(ops[0][0] if ops else "none")
+    assert {"add", "update"} <= kinds
+    with torch.no_grad():
+        for g in run.generations.values():
+            tokens = torch.tensor([g.prompt + g.tokens])
+            mask = torch.tensor([[False] * len(g.prompt) + [True] * len(g.tokens)])
+            allowed = [{len(g.prompt) + j: a for j, a in enumerate(g.allowed) if a is not None}]
+            lp = token_logprobs(extractor, tokens, mask, temperature=1.5, allowed=allowed)
+            assert torch.allclose(lp[mask], torch.tensor(g.logprobs), atol=1e-4)
