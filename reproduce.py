@@ -117,9 +117,10 @@ def table(results: str, task: str) -> str:
         diff = paired(finals(runs, "crl", task, kind), grpo)
         if diff:
             m, h = mean_ci(diff)
-            verdict = "above zero" if m - h > 0 else "below zero" if m + h < 0 else "contains zero"
+            verdict = ("no interval from one seed" if math.isnan(h) else "the 95% interval is above zero" if m - h > 0
+                       else "the 95% interval is below zero" if m + h < 0 else "the 95% interval contains zero")
             lines.append(f"CRL (eval {label} experience) − GRPO, paired by seed: {fmt(m, h)} "
-                         f"over {len(diff)} seeds; the 95% interval {verdict}.  ")
+                         f"over {len(diff)} seed(s); {verdict}.  ")
     return "\n".join(lines) + "\n"
 
 

@@ -44,7 +44,7 @@ def test_table_from_fabricated_results(tmp_path):
     assert rows["crl"][4] == "-0.400 ± 0.000 → 0.600 ± 0.000"
     assert rows["grpo"][1] == "—" and rows["grpo"][2] == "0.467 ± 0.143"
     # CRL w/o exp - GRPO paired: [0.1, 0.1, 0.2] -> mean 0.1333, sd 0.0577, half-width 0.1434: contains zero
-    assert "CRL (eval without experience) − GRPO, paired by seed: 0.133 ± 0.143 over 3 seeds; the 95% " \
+    assert "CRL (eval without experience) − GRPO, paired by seed: 0.133 ± 0.143 over 3 seed(s); the 95% " \
            "interval contains zero" in text
     # w/ exp - GRPO: [0.2, 0.1, 0.4] -> mean 0.2333, sd 0.1528, half-width 0.37949
     assert "CRL (eval with experience) − GRPO, paired by seed: 0.233 ± 0.379" in text
