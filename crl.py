@@ -12,6 +12,7 @@ Tags in comments: `PAPER: x` names the paper's term or section for what the code
 choice taken from the authors' released code where the paper does not state it.
 """
 import dataclasses
+import functools
 import itertools
 import math
 import re
@@ -95,7 +96,8 @@ class CRLConfig:
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
-    extractor_reply_tokens: int = setting(1024, "tokens per extractor reply", min=1)
+    extractor_reply_tokens: int = setting(1024, "tokens per extractor reply (a --lesson-moves reply gets at "
+                                                          "least its longest plan)", min=1)
     lesson_moves: int = setting(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
                                    "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
     episode_chars: int = setting(6000, "characters of a finished episode shown to the extractor", min=2)
@@ -321,6 +323,7 @@ class EpisodeBatch:
             e.segments.append(Segment())
             e.segments[-1].extend(f)
         self.done = [False] * len(self.eps)
+        self.constraint_of = {}                            # valid actions -> their Constraint
         self.session = Session(run.actor, max_batch=len(self.eps), max_len=self.cfg.max_context)
         self.playing = [i for i in range(len(self.eps)) if self.keep_if_room(i)]
 
@@ -333,7 +336,7 @@ class EpisodeBatch:
         """Whether row i's feed and a full reply still fit the context; if not, the episode ends as a
         failure (truncated)."""
         cfg = self.cfg
-        if self.session.length(i) + len(self.feed[i]) + self.reply_budget([i]) <= cfg.max_context:
+        if self.session.length(i) + len(self.feed[i]) + self.reply_budget(self.constraints([i])) <= cfg.max_context:
             return True
         e = self.eps[i]
         e.truncated, e.success = True, False
@@ -341,22 +344,30 @@ class EpisodeBatch:
         self.session.release([i])
         return False
 
-    def reply_budget(self, rows) -> int:
-        """Tokens a reply of these rows may take: max_reply_tokens, and for replies constrained to the valid
-        actions at least the longest one with its end token (WebShop's `click[b09qcp4579]` is 17 bytes)."""
+    def constraints(self, rows) -> list | None:
+        """Each row's reply constrained to its game's valid actions (None: free text). One Constraint per
+        distinct action list, so a turn tokenizes each action once."""
         if self.cfg.free_text:
-            return self.cfg.max_reply_tokens
-        longest = max(len(self.tok.encode(a, add_special_tokens=False)) for i in rows for a in self.games[i].actions)
-        return max(self.cfg.max_reply_tokens, longest + 1)
+            return None
+        return [self._constraint(tuple(self.games[i].actions)) for i in rows]
+
+    def _constraint(self, actions: tuple) -> Constraint:
+        if actions not in self.constraint_of:
+            self.constraint_of[actions] = Constraint.from_strings(self.tok, actions)
+        return self.constraint_of[actions]
+
+    def reply_budget(self, cons: list | None) -> int:
+        """Tokens a reply may take: max_reply_tokens, and for a constrained reply at least its longest valid
+        action with its end token (WebShop's `click[b09qcp4579]` is 17 bytes)."""
+        return max([self.cfg.max_reply_tokens] + [c.longest for c in cons or ()])
 
     def generate(self, rng, temperature):
         cfg, tok, rows = self.cfg, self.tok, self.playing
-        cons = None if cfg.free_text else [Constraint.from_strings(tok, self.games[i].actions) for i in rows]
+        cons = self.constraints(rows)
         t0 = time.perf_counter()
-        budget = self.reply_budget(rows)
-        samples = generate(self.run.actor, [self.feed[i] for i in rows], budget, temperature=temperature,
-                           top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id], tokenizer=tok,
-                           generator=rng, constraint=cons, session=self.session, rows=rows)
+        samples = generate(self.run.actor, [self.feed[i] for i in rows], self.reply_budget(cons),
+                           temperature=temperature, top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id],
+                           tokenizer=tok, generator=rng, constraint=cons, session=self.session, rows=rows)
         self.run.timer["generate"] += time.perf_counter() - t0
         return samples
 
@@ -704,6 +715,7 @@ def parse_operations(reply: str, shown: int, max_ops: int = 3) -> tuple[list[tup
     return [o for o in ops if o[0] != "none"][:max_ops], bad
 
 
+@functools.lru_cache(maxsize=64)   # the lesson grammar's constraint is thousands of strings: build it once
 def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = ()) -> Constraint:
     """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
     `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply."""
@@ -717,7 +729,8 @@ def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = ()) -> 
     return Constraint(completions, free_after=True)
 
 
-def lesson_plans(actions, n: int) -> tuple[str, ...]:
+@functools.lru_cache(maxsize=16)
+def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
     """The lesson grammar: every plan of 1..n of the env's own action words, `southeast east`."""
     return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
 
@@ -734,7 +747,7 @@ def task_plans(run, task: str) -> tuple[str, ...]:
         return ()
     env = run.pool.take(task)
     run.pool.give(task, True, env)
-    return lesson_plans(env.actions, run.cfg.lesson_moves)
+    return lesson_plans(tuple(env.actions), run.cfg.lesson_moves)
 
 
 def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, heads: list | None = None,
@@ -742,7 +755,8 @@ def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, hea
     """One batched extractor call; each output becomes a Generation (when the extractor is trained)."""
     cfg, tok = run.cfg, run.extractor_tok
     t0 = time.perf_counter()
-    samples = generate(run.extractor, prompts, cfg.extractor_reply_tokens, temperature=cfg.extractor_temperature,
+    budget = max([cfg.extractor_reply_tokens] + [h.longest for h in heads or ()])   # a grammar reply is never cut
+    samples = generate(run.extractor, prompts, budget, temperature=cfg.extractor_temperature,
                        top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id], tokenizer=tok,
                        generator=rng, constraint=heads)
     run.timer["extractor"] += time.perf_counter() - t0

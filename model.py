@@ -706,6 +706,12 @@ class Constraint:
             comps.append(ids)
         return cls(comps, free_after)
 
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest whole reply it allows (0 when free text follows a head): a smaller
+        max_new_tokens would cut a valid reply."""
+        return 0 if self.free_after else max(map(len, self.completions))
+
     def trie(self) -> dict:
         """Nested dicts token -> child; key _END marks a complete completion. Reaching a complete completion
         ends the constraint (free_after) or the reply, even if a longer completion continues it: use end=True

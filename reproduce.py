@@ -163,7 +163,7 @@ def band(seed_runs: dict, key: str) -> tuple[list, list, list]:
 
 def train_argv(task: str, mode: str, seed: int, out: str, a, extra: list[str]) -> list[str]:
     argv = ["--tasks", task, *MODE_FLAGS.get(mode, ["--mode", mode]), "--seed", str(seed), "--out", out,
-            "--final-eval-episodes", str(a.final_episodes)]
+            "--iters", str(a.iters), "--final-eval-episodes", str(a.final_episodes)]
     return argv + extra
 
 
@@ -182,11 +182,13 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                epilog="Arguments after `--` go to train.py for every run (e.g. -- --iters 150).")
+                                epilog="Arguments after `--` go to train.py for every run (e.g. -- --lesson-moves 1).")
     p.add_argument("--tasks", default="room", help="comma-separated tasks, one grid each")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from: {', '.join(MODES)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per mode")
     p.add_argument("--results", default="results", help="the results folder")
+    p.add_argument("--iters", type=int, default=120,
+                   help="training iterations of every run (120: about 12 minutes for a tiny crl run on 2 cores)")
     p.add_argument("--final-episodes", type=int, default=256,
                    help="held-out episodes each way in every run's final evaluation")
     p.add_argument("--table", action="store_true", help="only redraw the tables and pictures from what is there")
@@ -198,8 +200,8 @@ def parse_args(argv=None):
     bad = [m for m in a.modes if m not in MODES]
     if bad:
         p.error(f"unknown mode {', '.join(bad)}; choose from: {', '.join(MODES)}")
-    if a.seeds < 1 or a.final_episodes < 1:
-        p.error("--seeds and --final-episodes must be >= 1")
+    if a.seeds < 1 or a.final_episodes < 1 or a.iters < 1:
+        p.error("--seeds, --iters and --final-episodes must be >= 1")
     return a, extra
 
 

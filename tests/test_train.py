@@ -337,3 +337,51 @@ def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
             allowed = [{len(g.prompt) + j: a for j, a in enumerate(g.allowed) if a is not None}]
             lp = token_logprobs(extractor, tokens, mask, temperature=1.5, allowed=allowed)
             assert torch.allclose(lp[mask], torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_lesson_grammar_reply_is_never_cut():
+    """A merge reply under the grammar (`UPDATE 1,2,3,4,5: southeast east`) is longer than a small
+    --extractor-reply-tokens: it still ends as a whole plan, never a cut word such as `southe`."""
+    from model import load_tokenizer
+    tok = load_tokenizer("tiny")
+    cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_reply_tokens=4)
+    run = crl.Run(cfg, ["room"], 0, None, tok, None, Transformer.tiny(seed=3), tok, None, None)
+    run.timer = {"extractor": 0.0}
+    plans = set(crl.task_plans(run, "room"))
+    prompt = tok.encode("<|im_start|>user\nMerge<|im_end|>\n<|im_start|>assistant\n")
+    out = crl.extractor_generate(run, [prompt] * 16, ["room"] * 16, crl.seeded_generator("cpu", 0, 2),
+                                 crl.heads_for(run, [5] * 16, ["room"] * 16, merge=True))
+    replies = [reply for _, reply in out]
+    assert all(r == "NONE" or (r.startswith("UPDATE 1,2,3,4,5: ") and r.split(": ", 1)[1] in plans) for r in replies)
+    assert any(r != "NONE" for r in replies)
+
+
+def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
+    """--lesson-prior: after 100 supervised steps the fresh tiny actor plays the first move of the lesson in
+    its prompt far above chance (1/8), while without a lesson its moves stay spread out (no move taught)."""
+    import envs
+    from model import load_tokenizer
+    tok, env = load_tokenizer("tiny"), envs.make("room", max_steps=10, show_map=False)
+    cfg = crl.CRLConfig(**{k: v for k, v in train.TINY.items() if hasattr(crl.CRLConfig, k)})
+    model = Transformer.tiny(seed=0)
+
+    def move_probs(obs, lessons):   # P(reply = each action), from the rollout's own prompt
+        system = crl.actor_system_prompt(env, lessons, False, False, False)
+        feed = crl.encode_chat(tok, crl.window_messages(system, [], obs, 0))
+        logps = []
+        for a in env.actions:
+            reply = tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
+            with torch.no_grad():
+                lp = torch.log_softmax(model(torch.tensor([feed + reply])).float()[0], -1)
+            logps.append(sum(lp[len(feed) - 1 + j, t] for j, t in enumerate(reply)))
+        return torch.stack(logps).softmax(0)
+
+    def follow_rate():
+        obs = [env.reset(seed=crl.EVAL_SEED0 + s) for s in range(4)]
+        return sum(move_probs(o, [a])[j] for o in obs for j, a in enumerate(env.actions)).item() / (4 * 8), obs
+
+    before, _ = follow_rate()
+    train.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
+    after, obs = follow_rate()
+    assert before < 0.2 and after > 0.3
+    assert max(move_probs(o, []).max().item() for o in obs) < 0.5
