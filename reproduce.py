@@ -188,7 +188,7 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per mode")
     p.add_argument("--results", default="results", help="the results folder")
     p.add_argument("--iters", type=int, default=120,
-                   help="training iterations of every run (120: about 12 minutes for a tiny crl run on 2 cores)")
+                   help="training iterations of every run (120: about 20 minutes for a tiny crl run on 2 cores)")
     p.add_argument("--final-episodes", type=int, default=256,
                    help="held-out episodes each way in every run's final evaluation")
     p.add_argument("--table", action="store_true", help="only redraw the tables and pictures from what is there")
