@@ -357,9 +357,9 @@ class EpisodeBatch:
         return self.constraint_of[actions]
 
     def reply_budget(self, cons: list | None) -> int:
-        """Tokens a reply may take: max_reply_tokens, and for a constrained reply at least its longest valid
-        action with its end token (WebShop's `click[b09qcp4579]` is 17 bytes)."""
-        return max([self.cfg.max_reply_tokens] + [c.longest for c in cons or ()])
+        """max_reply_tokens, and for a constrained reply at least its longest valid action with its end token
+        (WebShop's `click[b09qcp4579]` is 17 bytes)."""
+        return Constraint.budget(self.cfg.max_reply_tokens, cons)
 
     def generate(self, rng, temperature):
         cfg, tok, rows = self.cfg, self.tok, self.playing
@@ -755,7 +755,7 @@ def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, hea
     """One batched extractor call; each output becomes a Generation (when the extractor is trained)."""
     cfg, tok = run.cfg, run.extractor_tok
     t0 = time.perf_counter()
-    budget = max([cfg.extractor_reply_tokens] + [h.longest for h in heads or ()])   # a grammar reply is never cut
+    budget = Constraint.budget(cfg.extractor_reply_tokens, heads)   # a grammar reply is never cut
     samples = generate(run.extractor, prompts, budget, temperature=cfg.extractor_temperature,
                        top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id], tokenizer=tok,
                        generator=rng, constraint=heads)

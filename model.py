@@ -708,9 +708,14 @@ class Constraint:
 
     @property
     def longest(self) -> int:
-        """Tokens of the longest whole reply it allows (0 when free text follows a head): a smaller
-        max_new_tokens would cut a valid reply."""
+        """Tokens of the longest whole reply it allows (0 when free text follows a head)."""
         return 0 if self.free_after else max(map(len, self.completions))
+
+    @staticmethod
+    def budget(max_new_tokens: int, constraint: list | None) -> int:
+        """max_new_tokens, raised to the longest whole reply any of these constraints allows: a smaller
+        budget would cut a valid reply."""
+        return max([max_new_tokens] + [c.longest for c in constraint or () if c is not None])
 
     def trie(self) -> dict:
         """Nested dicts token -> child; key _END marks a complete completion. Reaching a complete completion

@@ -62,9 +62,10 @@ class RunConfig:
     eval_episodes: int = setting(64, "held-out episodes per task, with and without experience each", min=1)
     save_every: int | None = setting(None, "checkpoint every N iterations and after the last (default none: at the "
                                            "evaluations, or only after the last with --eval-every 0)", min=1)
-    lesson_prior: int = setting(0, "supervised steps that teach a fresh tiny actor to play the first move of the lesson in "
-                                   "its prompt, before RL: a stand-in for the instruction following the paper's "
-                                   "pretrained actors bring (every mode starts from the same init; 0: none)", min=0)
+    lesson_prior: int = setting(0, "supervised steps that teach a fresh tiny actor to play the first move of the "
+                                   "lesson in its prompt, before RL: a stand-in for the instruction following the "
+                                   "paper's pretrained actors bring (every mode starts from the same init; 0: none)",
+                                min=0)
     final_eval_episodes: int = setting(0, "after the last iteration, evaluate on this many held-out episodes per "
                                           "task each way and write OUT/final.json (0: no final evaluation)", min=0)
 
@@ -213,10 +214,12 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
     fresh tiny model before that."""
     master, reads = getattr(torch, args.master_dtype), not args.fsdp or crl.rank() == 0
     if spec == "tiny":
-        model = Transformer.tiny(seed=seed) if reads else None
-        if prior and reads:
-            prior(model, load_tokenizer("tiny"))
-        model = model.to(master) if reads else None
+        model = None
+        if reads:
+            model = Transformer.tiny(seed=seed)
+            if prior:
+                prior(model, load_tokenizer("tiny"))
+            model = model.to(master)
         return parallel.prepare(model, device, dtype, args.fsdp, args.checkpoint_blocks), load_tokenizer("tiny")
     if not os.path.isdir(spec):
         sys.exit(f"error: checkpoint directory {spec!r} not found; pass 'tiny' or a local HF checkpoint directory")
@@ -327,11 +330,12 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
     them, over observations of random play. It teaches no task skill: the lesson is random, so the target
     is unrelated to the game; half the prompts carry no lesson and a random move as the target, which keeps
     the lesson-free policy near uniform (the init RL explores from)."""
-    rng = random.Random(seed)
-    examples = [lesson_example(tok, cfg, rng.choice(tasks), rng) for _ in range(batch * 32)]
+    rng, pool = random.Random(seed), crl.EnvPool(cfg.show_map, cfg.max_steps)
+    games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example
+    examples = [lesson_example(tok, cfg, games[rng.choice(tasks)], rng) for _ in range(batch * 32)]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     for _ in tqdm(range(steps), desc="lesson prior", unit="step", disable=crl.rank() != 0):
-        tokens, mask = lesson_batch(rng.sample(examples, batch))
+        tokens, mask, _ = crl.pad_segments(rng.sample(examples, batch), "cpu")
         logits = model(tokens[:, :-1]).float()
         loss = torch.nn.functional.cross_entropy(logits[mask[:, 1:]], tokens[:, 1:][mask[:, 1:]])
         opt.zero_grad()
@@ -339,14 +343,9 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         opt.step()
 
 
-_PRIOR_ENVS = {}
-
-
-def lesson_example(tok, cfg: crl.CRLConfig, task: str, rng: random.Random) -> tuple[list[int], list[int]]:
-    """(prompt tokens, target tokens): an observation after a few random moves and, half the time, a random
-    lesson in the system prompt with its first move as the reply; else no lesson and a random move."""
-    env = _PRIOR_ENVS.get(task) or _PRIOR_ENVS.setdefault(
-        task, envs.make(task, max_steps=cfg.max_steps, **({"show_map": cfg.show_map} if task in envs.MINIHACK else {})))
+def lesson_example(tok, cfg: crl.CRLConfig, env, rng: random.Random) -> crl.Segment:
+    """An observation after a few random moves and, half the time, a random lesson in the system prompt with
+    its first move as the reply (the trained tokens); else no lesson and a random move."""
     obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
     for _ in range(rng.randrange(cfg.max_steps)):
         obs, _, done, _ = env.step(rng.choice(env.actions))
@@ -356,19 +355,10 @@ def lesson_example(tok, cfg: crl.CRLConfig, task: str, rng: random.Random) -> tu
     lessons = [" ".join(plan)] if rng.random() < 0.5 else []
     plan[0] = plan[0] if lessons else rng.choice(env.actions)
     system = crl.actor_system_prompt(env, lessons, cfg.free_text, False, cfg.instructions)
-    prompt = crl.encode_chat(tok, crl.window_messages(system, [], obs, 0))
-    return prompt, tok.encode(plan[0], add_special_tokens=False) + [tok.eos_token_id]
-
-
-def lesson_batch(examples) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded [B, T] tokens and the mask of the target tokens."""
-    T = max(len(p) + len(t) for p, t in examples)
-    tokens = torch.zeros(len(examples), T, dtype=torch.long)
-    mask = torch.zeros(len(examples), T, dtype=torch.bool)
-    for b, (p, t) in enumerate(examples):
-        tokens[b, :len(p) + len(t)] = torch.tensor(p + t)
-        mask[b, len(p):len(p) + len(t)] = True
-    return tokens, mask
+    example = crl.Segment()
+    example.extend(crl.encode_chat(tok, crl.window_messages(system, [], obs, 0)))
+    example.extend(tok.encode(plan[0], add_special_tokens=False) + [tok.eos_token_id], mask=True)
+    return example
 
 
 def build_manager(args, cfg: crl.CRLConfig, device, ckpt: str | None) -> ExperienceManager:
