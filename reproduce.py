@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 
 MODES = ("crl", "grpo", "static", "exp-only", "no-split")
@@ -168,8 +169,8 @@ def train_argv(task: str, mode: str, seed: int, out: str, a, extra: list[str]) -
 
 
 def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
-    """Train one grid cell to its end (resuming from its checkpoint if it has one); final.json marks it done."""
-    import train
+    """Train one grid cell to its end (resuming from its checkpoint if it has one); final.json marks it done.
+    Each cell is its own train.py process, so no memory or state carries over from one cell to the next."""
     out = run_dir(a.results, task, mode, seed)
     if os.path.exists(os.path.join(out, "final.json")):
         return
@@ -177,7 +178,11 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
     if not resume and os.path.exists(out):
         shutil.rmtree(out)   # killed before its first checkpoint: nothing to keep
     print(f"== {task} {mode} seed {seed}: {'resuming' if resume else 'starting'} ({out})", flush=True)
-    train.main(train_argv(task, mode, seed, out, a, extra) + (["--resume"] if resume else []))
+    argv = train_argv(task, mode, seed, out, a, extra) + (["--resume"] if resume else [])
+    rc = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"),
+                         *argv]).returncode
+    if rc != 0:
+        sys.exit(f"error: {task} {mode} seed {seed} stopped (exit {rc}); run the same command again to resume it")
 
 
 def parse_args(argv=None):
