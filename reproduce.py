@@ -10,7 +10,7 @@ grid accumulates across sittings. `--table` only redraws the table and picture f
 Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`) and `no-split`, the split-advantage ablation
 (`crl` with one advantage group over all G rollouts). The table gives the final held-out success with and
 without experience (mean and 95% interval over seeds, Student t), the paired with-minus-without difference,
-the CRL - GRPO difference paired by seed, and the extractor's mean reward early vs late in training.
+each mode's difference from GRPO paired by seed, and the extractor's mean reward early vs late in training.
 """
 import argparse
 import json
@@ -112,17 +112,21 @@ def table(results: str, task: str) -> str:
             reward_cell = f"{fmt(*first)} → {fmt(*last)}"
         lines.append(f"| {mode} | {len(noexp)}/{len(runs[mode])} | {cells[0]} | {cells[1]} | "
                      f"{fmt(*mean_ci(diff)) if diff else '—'} | {reward_cell} |")
-    grpo = finals(runs, "grpo", task, "noexp")
-    lines.append("")
+    return "\n".join(lines + [""] + [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode)]) + "\n"
+
+
+def vs_grpo(runs: dict, task: str, mode: str) -> list[str]:
+    """The mode's final success (with, then without experience) minus GRPO's, paired by seed."""
+    lines, grpo = [], finals(runs, "grpo", task, "noexp")
     for kind, label in (("exp", "with"), ("noexp", "without")):
-        diff = paired(finals(runs, "crl", task, kind), grpo)
+        diff = paired(finals(runs, mode, task, kind), grpo)
         if diff:
             m, h = mean_ci(diff)
             verdict = ("no interval from one seed" if math.isnan(h) else "the 95% interval is above zero" if m - h > 0
                        else "the 95% interval is below zero" if m + h < 0 else "the 95% interval contains zero")
-            lines.append(f"CRL (eval {label} experience) − GRPO, paired by seed: {fmt(m, h)} "
-                         f"over {len(diff)} seed(s); {verdict}.  ")
-    return "\n".join(lines) + "\n"
+            lines.append(f"{'CRL' if mode == 'crl' else mode} (eval {label} experience) − GRPO, paired by seed: "
+                         f"{fmt(m, h)} over {len(diff)} seed(s); {verdict}.  ")
+    return lines
 
 
 def curve(results: str, task: str):

@@ -32,10 +32,12 @@ def test_table_from_fabricated_results(tmp_path):
         _run(root, "crl", s, {"eval/room/success_noexp": crl_noexp[s], "eval/room/success_exp": crl_exp[s]},
              evals + rewards)
         _run(root, "grpo", s, {"eval/room/success_noexp": grpo[s]}, [{"step": 0, "eval/room/success_noexp": 0.2}])
+    for s, x in enumerate([0.5, 0.6]):    # two seeds of static, paired with GRPO's first two
+        _run(root, "static", s, {"eval/room/success_noexp": x, "eval/room/success_exp": x}, [])
     text = reproduce.table(root, "room")
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in text.splitlines() if line.startswith("| ") and "mode" not in line}
-    assert set(rows) == {"crl", "grpo"}
+    assert set(rows) == {"crl", "grpo", "static"}
     assert rows["crl"][0] == "3/3"
     assert rows["crl"][1] == "0.700 ± 0.430"    # [0.6, 0.6, 0.9]: sd 0.1732, 4.303 * 0.1732 / sqrt(3)
     assert rows["crl"][2] == "0.600 ± 0.248"
@@ -48,6 +50,9 @@ def test_table_from_fabricated_results(tmp_path):
            "interval contains zero" in text
     # w/ exp - GRPO: [0.2, 0.1, 0.4] -> mean 0.2333, sd 0.1528, half-width 0.37949
     assert "CRL (eval with experience) − GRPO, paired by seed: 0.233 ± 0.379" in text
+    # static - GRPO on seeds 0 and 1: [0.5 - 0.4, 0.6 - 0.5] = [0.1, 0.1]: sd 0, so the interval is above zero
+    assert "static (eval without experience) − GRPO, paired by seed: 0.100 ± 0.000 over 2 seed(s); the 95% " \
+           "interval is above zero" in text
     reproduce.curve(root, "room")
     assert os.path.getsize(os.path.join(root, "room.png")) > 1000
 
