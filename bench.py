@@ -17,7 +17,9 @@
   python bench.py step      seconds per crl.train_step on the tiny preset, mode crl vs mode grpo (same seeds and
                             groups): the cost of co-evolving the extractor and the bank, split by phase; with
                             `--compare distill`, distillation inline vs on the bank's thread during the actor
-                            update (also under `torchrun --nproc_per_node N bench.py step ...`: DDP)
+                            update; with `--compare prefill`, a prefill of fresh rows by causal attention vs
+                            through the cache mask (the path before); also under `torchrun --nproc_per_node N
+                            bench.py step ...` (DDP)
 
 `python bench.py SUBCOMMAND -h` lists its options.
 """
@@ -618,6 +620,7 @@ def bench_step(a):
     crl.train_step. The actor's warm-up is 0 by default, so every variant updates the actor every timed
     iteration; the merge pass (every --merge-every iterations) only falls in runs of that many iterations."""
     import crl
+    import model
     import train
     argv = ["--tasks", a.tasks, "--groups", str(a.groups), "--group-size", str(a.group_size),
             "--seed", str(a.seed), "--warmup", str(a.warmup), *shlex.split(a.extra)]
@@ -625,8 +628,11 @@ def bench_step(a):
     variants = {"crl": ["--mode", "crl"], "grpo": ["--mode", "grpo"]}
     if a.compare == "distill":
         variants = {"inline": ["--distill", "inline"], "background": ["--distill", "background"]}
+    if a.compare == "prefill":   # a prefill of fresh rows: causal attention, or the cache mask it replaced
+        variants = {"masked": ["--mode", "crl"], "causal": ["--mode", "crl"]}
     res = {}
     for mode, flags in variants.items():
+        model._CacheStep.mask_fresh_rows = mode == "masked"
         args = train.parse_args([*argv, *flags])
         dtype = train.model_dtype(args, device)
         run, _ = train.build(args, device, dtype)
@@ -646,7 +652,7 @@ def bench_step(a):
           f"the actor update; episode length, in mean turns, differs between modes)")
     cols = ("iteration", *STEP_PARTS, "turns")
     w = {c: max(len(c), 7) + 2 for c in cols}
-    new, ref = ("crl", "grpo") if a.compare == "mode" else ("background", "inline")
+    new, ref = {"mode": ("crl", "grpo"), "distill": ("background", "inline"), "prefill": ("causal", "masked")}[a.compare]
     lw = len(new + "/" + ref)
     print(f"  {'':{lw}s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
     for mode in variants:
@@ -703,10 +709,11 @@ def parse_args(argv=None):
         gp.add_argument(f"--{k.replace('_', '-')}", type=int, default=0,
                         help=f"default {v} ({SMALL_SIZES[k]} with --small)")
 
-    s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), or "
-                                    "distillation inline vs in the background")
-    s.add_argument("--compare", choices=["mode", "distill"], default="mode",
-                   help="mode: crl vs grpo; distill: mode crl with --distill inline vs background")
+    s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), "
+                                    "distillation inline vs in the background, or the prefill's two paths")
+    s.add_argument("--compare", choices=["mode", "distill", "prefill"], default="mode",
+                   help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; prefill: "
+                        "mode crl, fresh rows prefilled by causal attention vs through the cache mask")
     s.add_argument("--tasks", default="room")
     s.add_argument("--groups", type=int, default=2)
     s.add_argument("--group-size", type=int, default=8)

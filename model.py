@@ -212,8 +212,11 @@ class _CacheStep:
     write_t: torch.Tensor = None
     write_row: torch.Tensor = None
     write_pos: torch.Tensor = None
-    mask: torch.Tensor = None      # prefill: [B, 1, T, Lmax] which cached keys each new token sees
+    mask: torch.Tensor = None      # prefill: [B, 1, T, Lmax] which cached keys each new token sees; None when
+                                   # every row starts empty (causal over the new tokens)
     lengths: torch.Tensor = None   # decode: [B] cache length including the new token
+
+    mask_fresh_rows = False   # True: the masked path even when every row starts empty (bench.py step --compare prefill)
 
     @classmethod
     def for_prefill(cls, session, rows: torch.Tensor, n: torch.Tensor, T: int) -> "_CacheStep":
@@ -222,11 +225,13 @@ class _CacheStep:
         steps = torch.arange(T, device=rows.device)
         positions = start[:, None] + steps
         wb, wt = (steps[None, :] < n[:, None]).nonzero(as_tuple=True)
-        end = start + n
-        key = torch.arange(int(end.max()), device=rows.device)
-        mask = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None])
+        mask = None     # every row starts empty: causal attention over the new tokens needs no mask
+        if cls.mask_fresh_rows or bool(start.any()):
+            end = start + n
+            key = torch.arange(int(end.max()), device=rows.device)
+            mask = ((key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None]))[:, None]
         return cls(session.k, session.v, rows, positions, decode=False, write_b=wb, write_t=wt,
-                   write_row=rows[wb], write_pos=positions[wb, wt], mask=mask[:, None])
+                   write_row=rows[wb], write_pos=positions[wb, wt], mask=mask)
 
     @classmethod
     def for_decode(cls, session, rows: torch.Tensor) -> "_CacheStep":
@@ -282,6 +287,8 @@ class Attention(nn.Module):
         kc, vc = cache.k[self.layer_idx], cache.v[self.layer_idx]
         kc[cache.write_row, :, cache.write_pos] = k[cache.write_b, cache.write_t]
         vc[cache.write_row, :, cache.write_pos] = v[cache.write_b, cache.write_t]
+        if cache.mask is None:   # fresh rows: causal over the new tokens (no real token sees the padding after it)
+            return self._attend(q, k.transpose(1, 2), v.transpose(1, 2), None)
         L = cache.mask.shape[-1]
         return self._attend(q, kc[cache.rows, :, :L], vc[cache.rows, :, :L], cache.mask)
 

@@ -89,6 +89,21 @@ def test_session_prefill_matches_forward_on_full_history(pair):
     assert s.length(0) == 9 and s.length(2) == 12 and s.length(1) == 0
 
 
+def test_prefill_of_fresh_and_mixed_rows_matches_forward(pair):
+    """A prefill where every row starts empty takes the unmasked causal path, one where some row has history
+    the masked path; both give each row the logits of a plain forward of its whole history."""
+    _, ours = pair
+    s = Session(ours, max_batch=3, max_len=64)
+    first = s.prefill([0, 1], [[5, 6, 7, 8, 9, 10, 11], [3]])   # both fresh; row 1 right-padded by 6
+    second = s.prefill([2, 0], [[9, 9, 9, 9], [1, 2]])          # row 2 fresh, row 0 goes on
+    expect = [([5, 6, 7, 8, 9, 10, 11], first[0]), ([3], first[1]), ([9, 9, 9, 9], second[0]),
+              ([5, 6, 7, 8, 9, 10, 11, 1, 2], second[1])]
+    for seq, got in expect:
+        with torch.no_grad():
+            ref = ours(torch.tensor([seq]))[0, -1]
+        assert (got - ref).abs().max() < 1e-4
+
+
 def test_session_turns_equal_one_shot_on_concatenated_history(pair):
     _, ours = pair
     sess = Session(ours, max_batch=4, max_len=200)
