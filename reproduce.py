@@ -10,7 +10,8 @@ grid accumulates across sittings. `--table` only redraws the table and picture f
 Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`) and `no-split`, the split-advantage ablation
 (`crl` with one advantage group over all G rollouts). The table gives the final held-out success with and
 without experience (mean and 95% interval over seeds, Student t), the paired with-minus-without difference,
-each mode's difference from GRPO paired by seed, and the extractor's mean reward early vs late in training.
+each mode's difference from GRPO paired by seed, and the extractor's mean reward early vs late in training
+(finished runs).
 """
 import argparse
 import json
@@ -105,7 +106,7 @@ def table(results: str, task: str) -> str:
         exp, noexp = finals(runs, mode, task, "exp"), finals(runs, mode, task, "noexp")
         cells = [fmt(*mean_ci(list(d.values()))) if d else "—" for d in (exp, noexp)]
         diff = paired(exp, noexp)
-        rewards = [x for x in (extractor_reward(r["rows"]) for r in runs[mode].values()) if x]
+        rewards = [x for x in (extractor_reward(r["rows"]) for r in runs[mode].values() if r["final"]) if x]
         reward_cell = "—"
         if rewards:
             first, last = mean_ci([a for a, _ in rewards]), mean_ci([b for _, b in rewards])
