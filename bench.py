@@ -652,7 +652,8 @@ def bench_step(a):
           f"the actor update; episode length, in mean turns, differs between modes)")
     cols = ("iteration", *STEP_PARTS, "turns")
     w = {c: max(len(c), 7) + 2 for c in cols}
-    new, ref = {"mode": ("crl", "grpo"), "distill": ("background", "inline"), "prefill": ("causal", "masked")}[a.compare]
+    new, ref = {"mode": ("crl", "grpo"), "distill": ("background", "inline"),
+                "prefill": ("causal", "masked")}[a.compare]
     lw = len(new + "/" + ref)
     print(f"  {'':{lw}s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
     for mode in variants:

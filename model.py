@@ -216,7 +216,7 @@ class _CacheStep:
                                    # every row starts empty (causal over the new tokens)
     lengths: torch.Tensor = None   # decode: [B] cache length including the new token
 
-    mask_fresh_rows = False   # True: the masked path even when every row starts empty (bench.py step --compare prefill)
+    mask_fresh_rows = False   # True: the masked path even for fresh rows (bench.py step --compare prefill)
 
     @classmethod
     def for_prefill(cls, session, rows: torch.Tensor, n: torch.Tensor, T: int) -> "_CacheStep":
@@ -229,7 +229,8 @@ class _CacheStep:
         if cls.mask_fresh_rows or bool(start.any()):
             end = start + n
             key = torch.arange(int(end.max()), device=rows.device)
-            mask = ((key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None]))[:, None]
+            mask = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None])
+            mask = mask[:, None]
         return cls(session.k, session.v, rows, positions, decode=False, write_b=wb, write_t=wt,
                    write_row=rows[wb], write_pos=positions[wb, wt], mask=mask)
 

@@ -113,7 +113,9 @@ def table(results: str, task: str) -> str:
             reward_cell = f"{fmt(*first)} → {fmt(*last)}"
         lines.append(f"| {mode} | {len(noexp)}/{len(runs[mode])} | {cells[0]} | {cells[1]} | "
                      f"{fmt(*mean_ci(diff)) if diff else '—'} | {reward_cell} |")
-    return "\n".join(lines + [""] + [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode)]) + "\n"
+    lines.append("")
+    lines += [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode)]
+    return "\n".join(lines) + "\n"
 
 
 def vs_grpo(runs: dict, task: str, mode: str) -> list[str]:
