@@ -3,25 +3,27 @@ lesson worth retrieving in room? Env and embedder only, so it measures the infor
 lessons carries, independent of whether a tiny extractor can learn to write them or a tiny actor to read them.
 
 Training side: the memoryless stairs-stepper (step onto the stairs when they are one move away, else a
-random move) plays TRAIN starts; each success stores its first move under the run's retrieval key
+random move) plays TRAIN_STARTS training starts; each success stores its first move under the run's retrieval key
 (instruction + first view with the map, crl's --query-map) embedded by the default all-MiniLM-L6-v2.
 Held-out side: the 256 evaluation starts (EVAL_SEED0...), each played by the stepper whose first move is the
 top-1 retrieved lesson with probability FOLLOW. The same per-start random stream drives every arm, so the
-arms differ only where the lesson is followed.  Run: python results/bank_value.py [TRAIN]
+arms differ only where the lesson is followed.  Run: python results/bank_value.py [TRAIN_STARTS]
 """
 import collections
+import os
 import random
 import re
 import sys
 
 import torch
 
-sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 import bank  # noqa: E402
 import crl  # noqa: E402
 import envs  # noqa: E402
+import train  # noqa: E402
 
-STEPS, EVAL = 10, 256
+STEPS, EVAL = train.TINY["max_steps"], 256
 ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)
 
 
@@ -48,15 +50,18 @@ def play(env, seed: int, rng: random.Random, plan=(), follow: float = 1.0) -> tu
 def inward(pos: tuple, centre: list) -> list[str]:
     """The moves from pos to the room's centre (diagonal first), as a --lesson-moves plan would write them."""
     dx, dy = round(centre[0] - pos[0]), round(centre[1] - pos[1])
-    path = envs.offset_words(dx, dy, diagonal=True)
-    return [] if path == "here" else [w for part in path.split(", ") for w in [part.split()[1]] * int(part.split()[0])]
+    path, moves = envs.offset_words(dx, dy, diagonal=True), []
+    for part in [] if path == "here" else path.split(", "):   # '1 southeast, 1 east'
+        count, word = part.split()
+        moves += [word] * int(count)
+    return moves
 
 
-def main(train: int = 2048):
+def main(train_starts: int = 2048):
     torch.set_num_threads(1)
     env = envs.make("room", max_steps=STEPS, show_map=False)
     lessons, keys, by_pos, train_pos = [], [], {}, []
-    for s in range(train):
+    for s in range(train_starts):
         key, pos, move, ok = play(env, s, random.Random(s))
         if ok:
             keys.append(key)
@@ -65,12 +70,13 @@ def main(train: int = 2048):
             by_pos.setdefault(pos, collections.Counter())[move] += 1
     embed = bank.Embedder()
     bank_vecs = embed(keys)
-    no_lesson = sum(play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1))[3] for s in range(EVAL))
-    print(f"no lesson (the stepper): held-out success {no_lesson / EVAL:.3f}")
-    print(f"{len(lessons)} lessons from {train} training starts (stepper success {len(lessons) / train:.3f})")
-    starts = [play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1))[:2] for s in range(EVAL)]
+    no_lesson = [play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1)) for s in range(EVAL)]
+    print(f"no lesson (the stepper): held-out success {sum(r[3] for r in no_lesson) / EVAL:.3f}")
+    print(f"{len(lessons)} lessons from {train_starts} training starts "
+          f"(stepper success {len(lessons) / train_starts:.3f})")
+    starts = [r[:2] for r in no_lesson]
     top1 = (embed([k for k, _ in starts]) @ bank_vecs.T).argmax(-1).tolist()
-    centre = [sum(c) / len(c) for c in zip(*[p for p in by_pos for _ in range(sum(by_pos[p].values()))])]
+    centre = [sum(c) / len(c) for c in zip(*train_pos)]   # the mean start of the successes
     arms = {"first move of the top-1 (MiniLM key) success": [[lessons[i]] for i in top1],
             "commonest first move of successes at the same start (oracle key)":
                 [[by_pos[p].most_common(1)[0][0]] if p in by_pos else [] for _, p in starts],
