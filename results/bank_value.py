@@ -3,8 +3,9 @@ lesson worth retrieving in room? Env and embedder only, so it measures the infor
 lessons carries, independent of whether a tiny extractor can learn to write them or a tiny actor to read them.
 
 Training side: the memoryless stairs-stepper (step onto the stairs when they are one move away, else a
-random move) plays TRAIN_STARTS training starts; each success stores its first move under the run's retrieval key
-(instruction + first view with the map, crl's --query-map) embedded by the default all-MiniLM-L6-v2.
+random move) plays TRAIN_STARTS training starts; each success stores its first move under the run's
+retrieval key (instruction + first view with the map, crl's --query-map) embedded by the default
+all-MiniLM-L6-v2.
 Held-out side: the 256 evaluation starts (EVAL_SEED0...), each played by the stepper whose first move is the
 top-1 retrieved lesson with probability FOLLOW. The same per-start random stream drives every arm, so the
 arms differ only where the lesson is followed.  Run: python results/bank_value.py [TRAIN_STARTS]
