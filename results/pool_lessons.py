@@ -1,0 +1,67 @@
+"""Probe p6's reading of a finished run on a finite room pool (`--train-instances N --query-map`): for each
+pool instance, where its stairs are from the start, and which lessons of the run's final bank sit under that
+instance's retrieval key, with how often they were used and how often that use succeeded.
+
+    python results/pool_lessons.py results/probe-p6/learn [N]
+
+The dark room hides the stairs from the start, so they are found by random walks from the same seeded start
+(the episode is reproducible: the step onto the stairs gives their position). Env and embedder only.
+"""
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import crl  # noqa: E402
+import envs  # noqa: E402
+from bank import Embedder, ExperienceBank  # noqa: E402
+
+STEP = {"north": (0, -1), "east": (1, 0), "south": (0, 1), "west": (-1, 0), "northeast": (1, -1),
+        "southeast": (1, 1), "southwest": (-1, 1), "northwest": (-1, -1)}
+COMPASS = {d: name for name, d in STEP.items()}
+
+
+def find_stairs(env, seed: int, rng, walks: int = 300) -> tuple | None:
+    """The stairs' (x, y): random walks from the seeded start until one steps onto them."""
+    for _ in range(walks):
+        env.reset(seed=seed)
+        for _ in range(env.max_steps):
+            move = env.actions[rng.integers(len(env.actions))]
+            x, y = env.pos
+            _, _, done, info = env.step(move)
+            if info["success"]:
+                return x + STEP[move][0], y + STEP[move][1]
+            if done:
+                break
+    return None
+
+
+def main(run: Path, n: int):
+    bank = ExperienceBank.load(run / "ckpt" / "bank")
+    entries = bank.entries("room")
+    keys = torch.stack([bank.key(e.id) for e in entries])
+    env, walker = envs.make("room", show_map=False, max_steps=10), envs.make("room", show_map=False)
+    rng, queries = np.random.default_rng(0), []
+    print(f"{run}: {len(entries)} lessons in the final bank")
+    for seed in range(n):
+        env.reset(seed=seed)
+        queries.append(crl.retrieval_query(env, env.map_view()))
+    owners = (keys @ Embedder(None)(queries).float().T).argmax(1).tolist()
+    for seed in range(n):
+        env.reset(seed=seed)
+        start, stairs = env.pos, find_stairs(walker, seed, rng)
+        dx, dy = (stairs[0] - start[0], stairs[1] - start[1]) if stairs else (0, 0)
+        mine = [e for e, o in zip(entries, owners) if o == seed]
+        uses = sum(e.uses for e in mine)
+        print(f"seed {seed}: stairs {dx:+d} east, {dy:+d} south ({COMPASS.get((np.sign(dx), np.sign(dy)), '?')}); "
+              f"lessons {dict(Counter(e.text for e in mine).most_common(4))}; used {uses}, "
+              f"success {sum(e.successes for e in mine) / max(uses, 1):.2f}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 8)
