@@ -1,4 +1,5 @@
-"""Probe p6's reading of a finished run on a finite room pool (`--train-instances N --query-map`): for each
+"""Probe p6's reading of a finished run on a finite room pool (`--train-instances N --query-map`): training
+success with minus without experience over each half of the run, the extractor's reward; and for each
 pool instance, where its stairs are from the start, and which lessons of the run's final bank sit under that
 instance's retrieval key, with how often they were used and how often that use succeeded.
 
@@ -19,6 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import crl  # noqa: E402
 import envs  # noqa: E402
+import reproduce  # noqa: E402
 from bank import Embedder, ExperienceBank  # noqa: E402
 
 STEP = {"north": (0, -1), "east": (1, 0), "south": (0, 1), "west": (-1, 0), "northeast": (1, -1),
@@ -41,7 +43,20 @@ def find_stairs(env, seed: int, rng, walks: int = 300) -> tuple | None:
     return None
 
 
+def halves(run: Path):
+    """With − without experience per iteration (paired within its groups), mean ± 95% t over each half."""
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    half = len(rows) // 2
+    for part, name in ((rows[:half], "first half"), (rows[half:], "second half")):
+        w, wo = ([r[f"train/room/success_{k}"] for r in part] for k in ("exp", "noexp"))
+        gap = reproduce.fmt(*reproduce.mean_ci([a - b for a, b in zip(w, wo)]))
+        print(f"{name}: without {sum(wo) / len(wo):.3f}, with {sum(w) / len(w):.3f}, with − without {gap}")
+    first, last = reproduce.extractor_reward(rows) or (float("nan"),) * 2
+    print(f"extractor reward, first → last third of its CISPO steps: {first:.2f} → {last:.2f}")
+
+
 def main(run: Path, n: int):
+    halves(run)
     bank = ExperienceBank.load(run / "ckpt" / "bank")
     entries = bank.entries("room")
     keys = torch.stack([bank.key(e.id) for e in entries])
