@@ -145,6 +145,8 @@ class MiniHackSpec:
 
 
 _MOVES = ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")
+MOVE_OFFSETS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0), "northeast": (1, -1),
+                "northwest": (-1, -1), "southeast": (1, 1), "southwest": (-1, 1)}   # (dx, dy) on NetHack's map
 _MOVE_HELP = "Actions: north, south, east, west, northeast, northwest, southeast, southwest."
 MINIHACK = {
     "room": MiniHackSpec(
@@ -327,9 +329,6 @@ class MapAgent:
     cells it has seen (anchored by info['pos']), walks by BFS to the stairs when known, otherwise to the
     nearest unexplored edge; in keyroom it first fetches the key and unlocks the door."""
 
-    _STEPS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0), "northeast": (1, -1),
-              "northwest": (-1, -1), "southeast": (1, 1), "southwest": (-1, 1)}
-
     def __init__(self):
         self.cells, self.special, self.has_key = {}, {}, False
         self._rng = random.Random(0)  # only for the rare dead end; keeps the baseline reproducible
@@ -353,9 +352,9 @@ class MapAgent:
                     continue
                 dx = dy = 0
                 for n, w in re.findall(r"(\d+) (\w+)", part):
-                    dx, dy = dx + int(n) * self._STEPS[w][0], dy + int(n) * self._STEPS[w][1]
+                    dx, dy = dx + int(n) * MOVE_OFFSETS[w][0], dy + int(n) * MOVE_OFFSETS[w][1]
                 self.special[(x + dx, y + dy)] = m.group(1)
-        for dx, dy in self._STEPS.values():  # NetHack always shows adjacent squares: blank there = rock
+        for dx, dy in MOVE_OFFSETS.values():  # NetHack always shows adjacent squares: blank there = rock
             self.cells.setdefault((x + dx, y + dy), "#")
         self.pos = (x, y)
         if re.search(r"^message: \w - .*key", obs, re.M):  # NetHack's pickup line: "h - a key named ..."
@@ -378,8 +377,8 @@ class MapAgent:
                 while prev[p] != start:
                     p = prev[p]
                 d = (p[0] - start[0], p[1] - start[1])
-                return next(a for a, s in self._STEPS.items() if s == d)
-            for a, (dx, dy) in self._STEPS.items():
+                return next(a for a, s in MOVE_OFFSETS.items() if s == d)
+            for a, (dx, dy) in MOVE_OFFSETS.items():
                 q = (p[0] + dx, p[1] + dy)
                 doorish = "door" in self.special.get(q, "") or "door" in self.special.get(p, "")
                 if q in prev or not self._passable(q) or (dx and dy and doorish):
@@ -392,7 +391,7 @@ class MapAgent:
 
     def _frontier(self, p):
         return p in self.cells and self._passable(p) and any(
-            (p[0] + dx, p[1] + dy) not in self.cells for dx, dy in self._STEPS.values())
+            (p[0] + dx, p[1] + dy) not in self.cells for dx, dy in MOVE_OFFSETS.values())
 
     def act(self, obs: str, info: dict) -> str:
         self.observe(obs, info)
@@ -416,7 +415,7 @@ class MapAgent:
                 max(abs(d[0] - p[0]), abs(d[1] - p[1])) == 1 for d in doors))
             if move:
                 return move
-        return self._bfs(self._frontier) or self._rng.choice(list(self._STEPS))
+        return self._bfs(self._frontier) or self._rng.choice(list(MOVE_OFFSETS))
 
 
 # ----------------------------------------------------------------------------------------------- Sokoban

@@ -23,11 +23,6 @@ import envs  # noqa: E402
 import reproduce  # noqa: E402
 from bank import Embedder, ExperienceBank  # noqa: E402
 
-STEP = {"north": (0, -1), "east": (1, 0), "south": (0, 1), "west": (-1, 0), "northeast": (1, -1),
-        "southeast": (1, 1), "southwest": (-1, 1), "northwest": (-1, -1)}
-COMPASS = {d: name for name, d in STEP.items()}
-
-
 def find_stairs(env, seed: int, rng, walks: int = 300) -> tuple | None:
     """The stairs' (x, y): random walks from the seeded start until one steps onto them."""
     for _ in range(walks):
@@ -37,7 +32,7 @@ def find_stairs(env, seed: int, rng, walks: int = 300) -> tuple | None:
             x, y = env.pos
             _, _, done, info = env.step(move)
             if info["success"]:
-                return x + STEP[move][0], y + STEP[move][1]
+                return x + envs.MOVE_OFFSETS[move][0], y + envs.MOVE_OFFSETS[move][1]
             if done:
                 break
     return None
@@ -60,22 +55,19 @@ def main(run: Path, n: int):
     bank = ExperienceBank.load(run / "ckpt" / "bank")
     entries = bank.entries("room")
     keys = torch.stack([bank.key(e.id) for e in entries])
-    env, walker = envs.make("room", show_map=False, max_steps=10), envs.make("room", show_map=False)
-    rng, queries = np.random.default_rng(0), []
-    print(f"{run}: {len(entries)} lessons in the final bank")
+    env, rng, queries, stairs = envs.make("room", show_map=False), np.random.default_rng(0), [], []
     for seed in range(n):
         env.reset(seed=seed)
         queries.append(crl.retrieval_query(env, env.map_view()))
+        (x, y), found = env.pos, find_stairs(env, seed, rng)
+        stairs.append(envs.offset_words(found[0] - x, found[1] - y, diagonal=True) if found else "not found")
     owners = (keys @ Embedder(None)(queries).float().T).argmax(1).tolist()
+    print(f"{run}: {len(entries)} lessons in the final bank")
     for seed in range(n):
-        env.reset(seed=seed)
-        start, stairs = env.pos, find_stairs(walker, seed, rng)
-        dx, dy = (stairs[0] - start[0], stairs[1] - start[1]) if stairs else (0, 0)
         mine = [e for e, o in zip(entries, owners) if o == seed]
         uses = sum(e.uses for e in mine)
-        print(f"seed {seed}: stairs {dx:+d} east, {dy:+d} south ({COMPASS.get((np.sign(dx), np.sign(dy)), '?')}); "
-              f"lessons {dict(Counter(e.text for e in mine).most_common(4))}; used {uses}, "
-              f"success {sum(e.successes for e in mine) / max(uses, 1):.2f}")
+        print(f"seed {seed}: stairs {stairs[seed]}; lessons {dict(Counter(e.text for e in mine).most_common(4))}; "
+              f"used {uses}, success {sum(e.successes for e in mine) / max(uses, 1):.2f}")
 
 
 if __name__ == "__main__":
