@@ -18,8 +18,9 @@
                             groups): the cost of co-evolving the extractor and the bank, split by phase; with
                             `--compare distill`, distillation inline vs on the bank's thread during the actor
                             update; with `--compare prefill`, a prefill of fresh rows by causal attention vs
-                            through the cache mask (the path before); also under `torchrun --nproc_per_node N
-                            bench.py step ...` (DDP)
+                            through the cache mask (the path before); with `--compare cache`, a rollout KV
+                            cache grown as turns need it vs preallocated to the context limit (the path
+                            before); also under `torchrun --nproc_per_node N bench.py step ...` (DDP)
 
 `python bench.py SUBCOMMAND -h` lists its options.
 """
@@ -630,9 +631,12 @@ def bench_step(a):
         variants = {"inline": ["--distill", "inline"], "background": ["--distill", "background"]}
     if a.compare == "prefill":   # a prefill of fresh rows: causal attention, or the cache mask it replaced
         variants = {"masked": ["--mode", "crl"], "causal": ["--mode", "crl"]}
+    if a.compare == "cache":     # the rollouts' KV cache: grown as turns need it, or all of max_context at once
+        variants = {"preallocated": ["--mode", "crl"], "grown": ["--mode", "crl"]}
     res = {}
     for mode, flags in variants.items():
         model._CacheStep.mask_fresh_rows = mode == "masked"
+        model.Session.preallocate = mode == "preallocated"
         args = train.parse_args([*argv, *flags])
         dtype = train.model_dtype(args, device)
         run, _ = train.build(args, device, dtype)
@@ -653,7 +657,7 @@ def bench_step(a):
     cols = ("iteration", *STEP_PARTS, "turns")
     w = {c: max(len(c), 7) + 2 for c in cols}
     new, ref = {"mode": ("crl", "grpo"), "distill": ("background", "inline"),
-                "prefill": ("causal", "masked")}[a.compare]
+                "prefill": ("causal", "masked"), "cache": ("grown", "preallocated")}[a.compare]
     lw = len(new + "/" + ref)
     print(f"  {'':{lw}s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
     for mode in variants:
@@ -711,10 +715,12 @@ def parse_args(argv=None):
                         help=f"default {v} ({SMALL_SIZES[k]} with --small)")
 
     s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), "
-                                    "distillation inline vs in the background, or the prefill's two paths")
-    s.add_argument("--compare", choices=["mode", "distill", "prefill"], default="mode",
+                                    "distillation inline vs in the background, the prefill's two paths, or the "
+                                    "KV cache's two sizes")
+    s.add_argument("--compare", choices=["mode", "distill", "prefill", "cache"], default="mode",
                    help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; prefill: "
-                        "mode crl, fresh rows prefilled by causal attention vs through the cache mask")
+                        "mode crl, fresh rows prefilled by causal attention vs through the cache mask; cache: "
+                        "mode crl, the rollouts' KV cache grown as needed vs preallocated to max_context")
     s.add_argument("--tasks", default="room")
     s.add_argument("--groups", type=int, default=2)
     s.add_argument("--group-size", type=int, default=8)

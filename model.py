@@ -775,19 +775,32 @@ class Session:
     Row r holds one conversation. `lengths[r]` tokens of it have k/v in the cache; `pending[r]` are tokens
     already part of the conversation whose k/v are not computed yet (the last tokens of a turn's reply, the
     sampled one and any the constraint forced after it: they are fed with the next turn's new tokens, at the
-    next prefill). The cache is allocated once here and written in place; rows not in a call cost nothing."""
+    next prefill). The cache is written in place; it grows (doubling, at most max_len) only when a turn
+    needs more positions, so short windowed turns never pay for a long max_len. Rows not in a call cost
+    nothing."""
+    preallocate = False   # True: the whole max_len at once, the path before (bench.py step --compare cache)
 
     def __init__(self, model: Transformer, max_batch: int, max_len: int):
         if max_batch < 1 or max_len < 1:
             raise ValueError(f"Session needs max_batch >= 1 and max_len >= 1, got {max_batch}, {max_len}")
         model = getattr(model, "module", model)  # a DDP wrapper's model
-        c = model.config
         self.model, self.max_batch, self.max_len = model, max_batch, max_len
-        shape = (c.num_hidden_layers, max_batch, c.num_key_value_heads, max_len, c.head_dim)
-        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)
-        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        self.k = self.v = None
+        self.reserve(max_len if self.preallocate else min(max_len, 256))
         self.lengths = torch.zeros(max_batch, dtype=torch.long, device=model.device)
         self.pending: dict[int, list[int]] = {}
+
+    def reserve(self, need: int):
+        """Make the cache hold at least `need` positions (at most max_len), keeping what it holds."""
+        have = 0 if self.k is None else self.k.shape[3]
+        if need <= have:
+            return
+        c, size = self.model.config, min(self.max_len, max(need, 2 * have))
+        shape = (c.num_hidden_layers, self.max_batch, c.num_key_value_heads, size, c.head_dim)
+        k, v = (torch.zeros(shape, dtype=self.model.dtype, device=self.model.device) for _ in range(2))
+        if have:
+            k[..., :have, :], v[..., :have, :] = self.k, self.v
+        self.k, self.v = k, v
 
     def release(self, rows: list[int]):
         """Forget these conversations; their rows can be reused."""
@@ -808,7 +821,7 @@ class Session:
     def begin_turn(self, rows: list[int], prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         """The tokens each row feeds first this turn (its pending ones, then its prompt), once every row is
         known to have room for them and `max_new_tokens` more; the pending tokens are then taken."""
-        new = []
+        new, most = [], 0
         for r, p in zip(rows, prompts):
             self._check_row(r)
             x = self.pending.get(r, []) + [int(t) for t in p]
@@ -819,6 +832,8 @@ class Session:
                 raise ValueError(f"row {r} needs {need} cache positions but the Session has max_len="
                                  f"{self.max_len}; create it with a larger max_len or release finished rows")
             new.append(x)
+            most = max(most, need)
+        self.reserve(most)
         for r in rows:
             self.pending.pop(r, None)
         return new
@@ -832,6 +847,7 @@ class Session:
         for i, x in enumerate(new):
             ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
         n = torch.tensor([len(x) for x in new], device=dev)
+        self.reserve(max(int(self.lengths[r]) + len(x) for r, x in zip(rows, new)))
         step = _CacheStep.for_prefill(self, torch.tensor(rows, device=dev), n, ids.shape[1])
         x = self.model._body(ids.to(dev), step.positions, cache=step)
         self.lengths[step.rows] += n

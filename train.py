@@ -80,6 +80,9 @@ TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, warmup=2, free_text=False, his
 TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 
 
+CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png
+
+
 def presets(given: dict) -> dict:
     """The overrides that apply to this command line."""
     out = dict(TINY) if given.get("actor", RunConfig.actor) == "tiny" else {}
@@ -431,10 +434,13 @@ def iteration(run: crl.Run, args, step: int) -> dict:
 
 
 def report(args, metrics: dict, log, bar):
-    """Rank 0: a line in metrics.jsonl, the redrawn curve, the progress bar's train success."""
+    """Rank 0: a line in metrics.jsonl, the curve (redrawn at evaluations, every CURVE_EVERY iterations and
+    after the last: a redraw costs a third of a second), the progress bar's train success."""
     log.write(json.dumps(metrics) + "\n")
     log.flush()
-    draw_curve(args.out)
+    step = metrics["step"]
+    if step % CURVE_EVERY == 0 or step == args.iters - 1 or any(k.startswith("eval/") for k in metrics):
+        draw_curve(args.out)
     bar.set_postfix({k.split("/", 1)[1]: f"{v:.2f}" for k, v in metrics.items()
                      if k.startswith("train/") and isinstance(v, float)})
 

@@ -89,6 +89,26 @@ def test_session_prefill_matches_forward_on_full_history(pair):
     assert s.length(0) == 9 and s.length(2) == 12 and s.length(1) == 0
 
 
+def test_session_cache_grows_and_keeps_its_history(pair):
+    """A Session starts with a short cache and doubles it when a turn needs more positions: rows that cross
+    256 and then 512 positions still get the logits of a plain forward of their whole history."""
+    _, ours = pair
+    s = Session(ours, max_batch=2, max_len=2000)
+    assert s.k.shape[3] == 256
+    g = torch.Generator().manual_seed(0)
+    hist = {0: [], 1: []}
+    for n0, n1 in [(200, 30), (100, 5), (300, 40)]:     # row 0 needs 300 positions (512), then 600 (1024)
+        chunks = {0: torch.randint(3, 89, (n0,), generator=g).tolist(),
+                  1: torch.randint(3, 89, (n1,), generator=g).tolist()}
+        logits = s.prefill([0, 1], [chunks[0], chunks[1]])
+        for r in (0, 1):
+            hist[r] += chunks[r]
+            with torch.no_grad():
+                ref = ours(torch.tensor([hist[r]]))[0, -1]
+            assert (logits[r] - ref).abs().max() < 1e-4
+    assert s.k.shape[3] == 1024 and s.length(0) == 600 and s.length(1) == 75
+
+
 def test_prefill_of_fresh_and_mixed_rows_matches_forward(pair):
     """A prefill where every row starts empty takes the unmasked causal path, one where some row has history
     the masked path; both give each row the logits of a plain forward of its whole history."""
