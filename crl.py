@@ -95,6 +95,9 @@ class CRLConfig:
                                      "same in words")
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
+    extractor_none: bool = setting(True, "a constrained extractor may answer NONE when distilling; --no-extractor-none: "
+                                         "it must add or update (a NONE is never credited, so CISPO never pushes it "
+                                         "down and an extractor whose lessons mostly fail drifts into it)")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
     extractor_reply_tokens: int = setting(1024, "tokens per extractor reply (a --lesson-moves reply gets at "
                                                           "least its longest plan)", min=1)
@@ -716,16 +719,17 @@ def parse_operations(reply: str, shown: int, max_ops: int = 3) -> tuple[list[tup
 
 
 @functools.lru_cache(maxsize=64)   # the lesson grammar's constraint is thousands of strings: build it once
-def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = ()) -> Constraint:
+def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = (), none: bool = True) -> Constraint:
     """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
     `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply."""
     heads = [] if merge else ["ADD: "]
     if shown:
         heads.append("UPDATE " + ",".join(str(i + 1) for i in range(shown)) + ": ")
+    none = ["NONE"] if none or not heads else []
     if plans:   # each string and the end of the reply
-        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + ["NONE"])
+        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + none)
     completions = [tok.encode(h, add_special_tokens=False) for h in heads]
-    completions.append(tok.encode("NONE", add_special_tokens=False) + [tok.eos_token_id])
+    completions += [tok.encode(n, add_special_tokens=False) + [tok.eos_token_id] for n in none]
     return Constraint(completions, free_after=True)
 
 
@@ -738,7 +742,8 @@ def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
 def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
     if run.cfg.extractor_free_text:
         return None
-    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task)) for n, task in zip(shown, tasks)]
+    none = merge or run.cfg.extractor_none     # a merge may always leave its lessons as they are
+    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), none) for n, task in zip(shown, tasks)]
 
 
 def task_plans(run, task: str) -> tuple[str, ...]:

@@ -339,6 +339,25 @@ def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
             assert torch.allclose(lp[mask], torch.tensor(g.logprobs), atol=1e-4)
 
 
+def test_no_extractor_none_heads_always_write_a_lesson():
+    """--no-extractor-none: a distilling tiny extractor's head is ADD or UPDATE, never NONE, with the lesson
+    grammar and with free lessons; a merge may still answer NONE."""
+    from model import load_tokenizer
+    tok = load_tokenizer("tiny")
+    prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
+    for moves in (1, 0):
+        cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=moves, extractor_none=False,
+                            extractor_reply_tokens=8, extractor_temperature=3.0)
+        run = crl.Run(cfg, ["room"], 0, None, tok, None, Transformer.tiny(seed=4), tok, None, None)
+        run.timer = {"extractor": 0.0}
+        out = crl.extractor_generate(run, [prompt] * 32, ["room"] * 32, crl.seeded_generator("cpu", 0, 3),
+                                     crl.heads_for(run, [1] * 32, ["room"] * 32))
+        heads = {reply.split(" ")[0].rstrip(":") for _, reply in out}
+        assert heads == {"ADD", "UPDATE"}, heads
+        merge = crl.heads_for(run, [2], ["room"], merge=True)[0]
+        assert {tok.decode(c, skip_special_tokens=True).split(" ")[0] for c in merge.completions} == {"UPDATE", "NONE"}
+
+
 def test_lesson_grammar_reply_is_never_cut():
     """A merge reply under the grammar (`UPDATE 1,2,3,4,5: southeast east`) is longer than a small
     --extractor-reply-tokens: it still ends as a whole plan, never a cut word such as `southe`."""
