@@ -1,0 +1,80 @@
+"""Probe p7: what a trained tiny actor does on held-out room starts, by what it sees. Plays EPISODES held-out
+episodes (EVAL_SEED0...) with the run's actor, sampling from its constrained policy as rollouts do, and at
+every turn reads that policy exactly: each valid action's probability is the product, over its tokens, of
+the model's probability renormalised over the tokens the constraint allows there (what `generate` samples).
+
+Reports: the probability of the right move when the stairs are one move away (the stairs-stepper plays it
+with probability 1), and, with nothing in view, the policy's largest probability and its entropy as a share
+of the uniform policy's. Run: python results/actor_policy.py RUN_DIR [EPISODES]
+"""
+import collections
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import crl     # noqa: E402
+import envs    # noqa: E402
+import train   # noqa: E402
+from model import Transformer, load_tokenizer   # noqa: E402
+
+
+def policy(model, tok, obs: str, actions: tuple) -> torch.Tensor:
+    """The constrained policy over `actions` for a one-turn prompt (the tiny preset's --history 0 view)."""
+    prompt = crl.encode_chat(tok, crl.window_messages("", [], obs, 0))
+    replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
+    tokens, _, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
+    with torch.no_grad():
+        logp = torch.log_softmax(model(tokens).float(), -1)
+    out = []
+    for i, reply in enumerate(replies):
+        total = 0.0
+        for j, t in enumerate(reply):
+            allowed = sorted({r[j] for r in replies if len(r) > j and r[:j] == reply[:j]})
+            row = logp[i, len(prompt) - 1 + j]
+            total += (row[t] - torch.logsumexp(row[allowed], 0)).item()
+        out.append(total)
+    return torch.tensor(out).exp()
+
+
+def segment(prompt, reply) -> crl.Segment:
+    s = crl.Segment()
+    s.extend(prompt)
+    s.extend(reply, mask=True)
+    return s
+
+
+def stairs_one_move_away(obs: str) -> str | None:
+    for line in obs.splitlines():
+        if line.startswith("stairs down") and ": 1 " in line and "," not in line:
+            return line.split(": 1 ")[1].strip()
+    return None
+
+
+def main(run_dir: str, episodes: int = 40):
+    model = Transformer.from_pretrained(os.path.join(run_dir, "ckpt", "actor"), dtype=torch.float32).eval()
+    tok = load_tokenizer("tiny")
+    env = envs.make("room", show_map=False, max_steps=train.TINY["max_steps"])
+    gen, stats, wins = torch.Generator().manual_seed(0), collections.defaultdict(list), 0
+    for ep in range(episodes):
+        obs, done, reward = env.reset(seed=crl.EVAL_SEED0 + ep), False, 0
+        while not done:
+            p = policy(model, tok, obs, env.actions)
+            right = stairs_one_move_away(obs)
+            if right:
+                stats["stairs one move away: P(that move)"].append(p[env.actions.index(right)].item())
+            elif obs.strip() == "(nothing notable in view)":
+                stats["nothing in view: largest P"].append(p.max().item())
+                entropy = -(p * p.log()).sum().item()
+                stats["nothing in view: entropy / ln(actions)"].append(entropy / math.log(len(p)))
+            obs, reward, done, _ = env.step(env.actions[torch.multinomial(p, 1, generator=gen).item()])
+        wins += reward > 0
+    print(f"{run_dir}: success {wins / episodes:.3f} over {episodes} held-out episodes")
+    for name, values in stats.items():
+        print(f"  {name}: {sum(values) / len(values):.3f} over {len(values)} turns")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *map(int, sys.argv[2:3]))
