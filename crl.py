@@ -95,9 +95,10 @@ class CRLConfig:
                                      "same in words")
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
-    extractor_none: bool = setting(True, "a constrained extractor may answer NONE when distilling; --no-extractor-none: "
-                                         "it must add or update (a NONE is never credited, so CISPO never pushes it "
-                                         "down and an extractor whose lessons mostly fail drifts into it)")
+    extractor_none: bool = setting(True, "a constrained extractor may answer NONE when distilling; "
+                                         "--no-extractor-none: it must add or update (a NONE is never credited, so "
+                                         "CISPO never pushes it down and an extractor whose lessons mostly fail "
+                                         "drifts into it)")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
     extractor_reply_tokens: int = setting(1024, "tokens per extractor reply (a --lesson-moves reply gets at "
                                                           "least its longest plan)", min=1)
