@@ -1,7 +1,8 @@
 """Probe p7: what a trained tiny actor does on held-out room starts, by what it sees. Plays EPISODES held-out
 episodes (EVAL_SEED0...) with the run's actor, sampling from its constrained policy as rollouts do, and at
 every turn reads that policy exactly: each valid action's probability is the product, over its tokens, of
-the model's probability renormalised over the tokens the constraint allows there (what `generate` samples).
+the model's probability renormalised over the tokens the constraint allows there (what `generate` samples,
+scored as the trainer scores it).
 
 Reports: the probability of the right move when the stairs are one move away (the stairs-stepper plays it
 with probability 1), and, with nothing in view, the policy's largest probability and its entropy as a share
@@ -18,25 +19,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import crl     # noqa: E402
 import envs    # noqa: E402
 import train   # noqa: E402
-from model import Transformer, load_tokenizer   # noqa: E402
+from model import Transformer, load_tokenizer, token_logprobs   # noqa: E402
 
 
 def policy(model, tok, obs: str, actions: tuple) -> torch.Tensor:
-    """The constrained policy over `actions` for a one-turn prompt (the tiny preset's --history 0 view)."""
+    """The constrained policy over `actions` for a one-turn prompt (the tiny preset's --history 0 view):
+    each reply token is scored by model.token_logprobs among the tokens the actions allow after its prefix."""
     prompt = crl.encode_chat(tok, crl.window_messages("", [], obs, 0))
     replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
-    tokens, _, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
+    tokens, mask, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
+    allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
+                for j in range(len(reply))} for reply in replies]
     with torch.no_grad():
-        logp = torch.log_softmax(model(tokens).float(), -1)
-    out = []
-    for i, reply in enumerate(replies):
-        total = 0.0
-        for j, t in enumerate(reply):
-            allowed = sorted({r[j] for r in replies if len(r) > j and r[:j] == reply[:j]})
-            row = logp[i, len(prompt) - 1 + j]
-            total += (row[t] - torch.logsumexp(row[allowed], 0)).item()
-        out.append(total)
-    return torch.tensor(out).exp()
+        return token_logprobs(model, tokens, mask, allowed=allowed).sum(1).exp()
 
 
 def segment(prompt, reply) -> crl.Segment:
