@@ -846,9 +846,9 @@ class Session:
         ids = torch.zeros(len(rows), max(len(x) for x in new), dtype=torch.long)
         for i, x in enumerate(new):
             ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
-        n = torch.tensor([len(x) for x in new], device=dev)
-        self.reserve(max(int(self.lengths[r]) + len(x) for r, x in zip(rows, new)))
-        step = _CacheStep.for_prefill(self, torch.tensor(rows, device=dev), n, ids.shape[1])
+        n, rows_t = torch.tensor([len(x) for x in new], device=dev), torch.tensor(rows, device=dev)
+        self.reserve(int((self.lengths[rows_t] + n).max()))    # one device read, not one per row
+        step = _CacheStep.for_prefill(self, rows_t, n, ids.shape[1])
         x = self.model._body(ids.to(dev), step.positions, cache=step)
         self.lengths[step.rows] += n
         return self._logits(x[torch.arange(len(rows), device=dev), n - 1])
