@@ -650,7 +650,7 @@ class Embedder:
     """
 
     def __init__(self, path: str | None = None, device="cpu", batch_size: int = 64, max_length: int | None = None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, memo: int = 4096):
         self.path = default_embedder_path() if path is None else Path(path)
         if not (self.path / "config.json").is_file():
             raise FileNotFoundError(f"no embedder checkpoint at {self.path} (expected a config.json); pass a "
@@ -659,6 +659,9 @@ class Embedder:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.device, self.batch_size, self.dtype = torch.device(device), int(batch_size), dtype
         self._tok_mu = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
+        # text -> unnormalised vector: retrieval keys and lessons repeat (half of room's first views are the
+        # same text), so most texts of a call were embedded before; the oldest are dropped beyond `memo`
+        self._memo, self.memo_size, self._memo_mu = {}, int(memo), threading.Lock()
         config = json.loads((self.path / "config.json").read_text())
         self.kind = "encoder" if config.get("model_type") in _ENCODER_TYPES else "decoder"
         if self.kind == "encoder":
@@ -704,14 +707,22 @@ class Embedder:
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise ValueError("Embedder takes a list of strings (wrap a single text in a list)")
         texts = list(texts)
-        out = torch.zeros(len(texts), self.dim)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths pad less
-        for s in range(0, len(texts), self.batch_size):
-            idx = order[s:s + self.batch_size]
-            batch = [texts[i] for i in idx]
-            vecs = self._encode(batch) if self.kind == "encoder" else self._decode(batch)
-            out[idx] = vecs.float().cpu()
+        with self._memo_mu:
+            vec = {t: self._memo[t] for t in texts if t in self._memo}
+        new = sorted(dict.fromkeys(t for t in texts if t not in vec), key=len, reverse=True)  # less padding
+        for s in range(0, len(new), self.batch_size):
+            batch = new[s:s + self.batch_size]
+            vecs = (self._encode(batch) if self.kind == "encoder" else self._decode(batch)).float().cpu()
+            vec.update(zip(batch, vecs))
+        with self._memo_mu:
+            self._remember({t: vec[t] for t in new})
+        out = torch.stack([vec[t] for t in texts]) if texts else torch.zeros(0, self.dim)
         return torch.nn.functional.normalize(out, dim=-1)
+
+    def _remember(self, fresh: dict):
+        self._memo.update(fresh)
+        for t in list(self._memo)[:max(len(self._memo) - self.memo_size, 0)]:   # dicts keep insertion order
+            del self._memo[t]
 
     def _encode(self, batch):
         with self._tok_mu:

@@ -20,7 +20,9 @@
                             update; with `--compare prefill`, a prefill of fresh rows by causal attention vs
                             through the cache mask (the path before); with `--compare cache`, a rollout KV
                             cache grown as turns need it vs preallocated to the context limit (the path
-                            before); also under `torchrun --nproc_per_node N bench.py step ...` (DDP)
+                            before); with `--compare memo`, the embedder's memo of texts on vs off (every
+                            retrieval key and lesson embedded anew, the path before); also under
+                            `torchrun --nproc_per_node N bench.py step ...` (DDP)
 
 `python bench.py SUBCOMMAND -h` lists its options.
 """
@@ -633,6 +635,8 @@ def bench_step(a):
         variants = {"masked": ["--mode", "crl"], "causal": ["--mode", "crl"]}
     if a.compare == "cache":     # the rollouts' KV cache: grown as turns need it, or all of max_context at once
         variants = {"preallocated": ["--mode", "crl"], "grown": ["--mode", "crl"]}
+    if a.compare == "memo":      # the embedder: each text embedded once, or every time it is asked for
+        variants = {"recomputed": ["--mode", "crl"], "memo": ["--mode", "crl"]}
     res = {}
     for mode, flags in variants.items():
         model._CacheStep.mask_fresh_rows = mode == "masked"
@@ -640,6 +644,8 @@ def bench_step(a):
         args = train.parse_args([*argv, *flags])
         dtype = train.model_dtype(args, device)
         run, _ = train.build(args, device, dtype)
+        if run.manager is not None and mode == "recomputed":
+            run.manager.embedder.memo_size = 0
         rows = []
         for step in range(a.iters):
             metrics, dt = _timed(lambda: crl.train_step(run, step))
@@ -657,7 +663,8 @@ def bench_step(a):
     cols = ("iteration", *STEP_PARTS, "turns")
     w = {c: max(len(c), 7) + 2 for c in cols}
     new, ref = {"mode": ("crl", "grpo"), "distill": ("background", "inline"),
-                "prefill": ("causal", "masked"), "cache": ("grown", "preallocated")}[a.compare]
+                "prefill": ("causal", "masked"), "cache": ("grown", "preallocated"),
+                "memo": ("memo", "recomputed")}[a.compare]
     lw = len(new + "/" + ref)
     print(f"  {'':{lw}s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
     for mode in variants:
@@ -717,10 +724,11 @@ def parse_args(argv=None):
     s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), "
                                     "distillation inline vs in the background, the prefill's two paths, or the "
                                     "KV cache's two sizes")
-    s.add_argument("--compare", choices=["mode", "distill", "prefill", "cache"], default="mode",
+    s.add_argument("--compare", choices=["mode", "distill", "prefill", "cache", "memo"], default="mode",
                    help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; prefill: "
                         "mode crl, fresh rows prefilled by causal attention vs through the cache mask; cache: "
-                        "mode crl, the rollouts' KV cache grown as needed vs preallocated to max_context")
+                        "mode crl, the rollouts' KV cache grown as needed vs preallocated to max_context; memo: mode "
+                        "crl, the embedder's memo of texts on vs off")
     s.add_argument("--tasks", default="room")
     s.add_argument("--groups", type=int, default=2)
     s.add_argument("--group-size", type=int, default=8)
