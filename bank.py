@@ -646,7 +646,8 @@ class Embedder:
     checkpoint is treated as a decoder (e.g. Qwen3-Embedding-0.6B) and runs through model.Transformer
     with last-token pooling; the tokenizer's own post-processing supplies the final token (Qwen3-Embedding
     appends <|endoftext|>). Sequences are right-padded: under causal attention no real token can see the
-    padding after it, so no attention mask is needed.
+    padding after it, so no attention mask is needed. The last `memo` distinct texts are kept with their
+    vectors and not embedded again (memo_size 0: none kept).
     """
 
     def __init__(self, path: str | None = None, device="cpu", batch_size: int = 64, max_length: int | None = None,
