@@ -722,8 +722,8 @@ def parse_args(argv=None):
                         help=f"default {v} ({SMALL_SIZES[k]} with --small)")
 
     s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), "
-                                    "distillation inline vs in the background, the prefill's two paths, or the "
-                                    "KV cache's two sizes")
+                                    "distillation inline vs in the background, the prefill's two paths, the "
+                                    "KV cache's two sizes, or the embedder with and without its memo")
     s.add_argument("--compare", choices=["mode", "distill", "prefill", "cache", "memo"], default="mode",
                    help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; prefill: "
                         "mode crl, fresh rows prefilled by causal attention vs through the cache mask; cache: "
