@@ -646,12 +646,12 @@ class Embedder:
     checkpoint is treated as a decoder (e.g. Qwen3-Embedding-0.6B) and runs through model.Transformer
     with last-token pooling; the tokenizer's own post-processing supplies the final token (Qwen3-Embedding
     appends <|endoftext|>). Sequences are right-padded: under causal attention no real token can see the
-    padding after it, so no attention mask is needed. The last `memo` distinct texts are kept with their
-    vectors and not embedded again (memo_size 0: none kept).
+    padding after it, so no attention mask is needed. The last `memo_size` distinct texts are kept with
+    their vectors and not embedded again (0: none kept).
     """
 
     def __init__(self, path: str | None = None, device="cpu", batch_size: int = 64, max_length: int | None = None,
-                 dtype: torch.dtype | None = None, memo: int = 4096):
+                 dtype: torch.dtype | None = None, memo_size: int = 4096):
         self.path = default_embedder_path() if path is None else Path(path)
         if not (self.path / "config.json").is_file():
             raise FileNotFoundError(f"no embedder checkpoint at {self.path} (expected a config.json); pass a "
@@ -661,8 +661,8 @@ class Embedder:
         self.device, self.batch_size, self.dtype = torch.device(device), int(batch_size), dtype
         self._tok_mu = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
         # text -> unnormalised vector: retrieval keys and lessons repeat (half of room's first views are the
-        # same text), so most texts of a call were embedded before; the oldest are dropped beyond `memo`
-        self._memo, self.memo_size, self._memo_mu = {}, int(memo), threading.Lock()
+        # same text), so most texts of a call were embedded before; beyond memo_size the oldest are dropped
+        self._memo, self.memo_size, self._memo_mu = {}, int(memo_size), threading.Lock()
         config = json.loads((self.path / "config.json").read_text())
         self.kind = "encoder" if config.get("model_type") in _ENCODER_TYPES else "decoder"
         if self.kind == "encoder":

@@ -565,14 +565,14 @@ def test_minilm_matches_sentence_transformers(minilm):
 
 def test_embedder_memo_embeds_each_text_once_and_returns_the_same_vectors():
     texts = ["go north", "the stairs are east", "go north", "x", "the stairs are east"]
-    ref = B.Embedder(batch_size=64, memo=0)(texts)    # memo 0: nothing kept, every call computes
-    emb = B.Embedder(batch_size=2, memo=2)
+    ref = B.Embedder(batch_size=64, memo_size=0)(texts)    # 0: nothing kept, every call computes
+    emb = B.Embedder(batch_size=2, memo_size=2)
     encoded = []
     encode = emb._encode
     emb._encode = lambda batch: encoded.append(list(batch)) or encode(batch)
     torch.testing.assert_close(emb(texts), ref, atol=1e-5, rtol=0)
     assert sorted(t for b in encoded for t in b) == ["go north", "the stairs are east", "x"]   # each once
-    assert list(emb._memo) == ["go north", "x"]       # the longest first, the oldest dropped beyond memo=2
+    assert list(emb._memo) == ["go north", "x"]       # the longest first, the oldest dropped beyond 2
     encoded.clear()
     torch.testing.assert_close(emb(["x", "go north", "the stairs are east"]), ref[[3, 0, 1]], atol=1e-5, rtol=0)
     assert encoded == [["the stairs are east"]]
