@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import crl     # noqa: E402
 import envs    # noqa: E402
 import train   # noqa: E402
+from bank_value import ONE_MOVE   # noqa: E402   (results/, the script's own folder)
 from model import Transformer, load_tokenizer, token_logprobs   # noqa: E402
 
 
@@ -41,13 +42,6 @@ def segment(prompt, reply) -> crl.Segment:
     return s
 
 
-def stairs_one_move_away(obs: str) -> str | None:
-    for line in obs.splitlines():
-        if line.startswith("stairs down") and ": 1 " in line and "," not in line:
-            return line.split(": 1 ")[1].strip()
-    return None
-
-
 def main(run_dir: str, episodes: int = 40):
     model = Transformer.from_pretrained(os.path.join(run_dir, "ckpt", "actor"), dtype=torch.float32).eval()
     tok = load_tokenizer("tiny")
@@ -57,9 +51,9 @@ def main(run_dir: str, episodes: int = 40):
         obs, done, reward = env.reset(seed=crl.EVAL_SEED0 + ep), False, 0
         while not done:
             p = policy(model, tok, obs, env.actions)
-            right = stairs_one_move_away(obs)
+            right = ONE_MOVE.search(obs)
             if right:
-                stats["stairs one move away: P(that move)"].append(p[env.actions.index(right)].item())
+                stats["stairs one move away: P(that move)"].append(p[env.actions.index(right.group(1))].item())
             elif obs.strip() == "(nothing notable in view)":
                 stats["nothing in view: largest P"].append(p.max().item())
                 entropy = -(p * p.log()).sum().item()

@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import crl     # noqa: E402
 import envs    # noqa: E402
 import train   # noqa: E402
+from bank_value import ONE_MOVE   # noqa: E402   (results/, the script's own folder)
 
 EVAL = 256
-ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)
 SEEN = re.compile(r"stairs down \(>\): \d+ (\w+)", re.M)
 
 
