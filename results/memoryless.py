@@ -49,7 +49,8 @@ def main():
         walks[f"repeat last w.p. {p}"] = lambda rng, last, p=p: last if last and rng.random() < p else rng.choice(moves)
     for name, walk in walks.items():
         for q in (0.0, 0.5, 0.75, 0.9, 1.0):
-            print(f"walk {name:20s} q {q:.2f}: held-out success {play(env, q, walk):.3f} {play(env, q, walk, stream=2):.3f}")
+            print(f"walk {name:20s} q {q:.2f}: held-out success "
+                  f"{play(env, q, walk):.3f} {play(env, q, walk, stream=2):.3f}")
     for name in ("uniform", "diagonal"):
         print(f"walk {name:20s} q 1.00, toward stairs seen further: "
               f"{play(env, 1.0, walks[name], True):.3f} {play(env, 1.0, walks[name], True, 2):.3f}")
