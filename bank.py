@@ -652,6 +652,9 @@ class Embedder:
 
     def __init__(self, path: str | None = None, device="cpu", batch_size: int = 64, max_length: int | None = None,
                  dtype: torch.dtype | None = None, memo_size: int = 4096):
+        if path is not None:
+            from model import checkpoint_dir   # a packaged name ("smollm2") -> its converted directory
+            path = checkpoint_dir(path)
         self.path = default_embedder_path() if path is None else Path(path)
         if not (self.path / "config.json").is_file():
             raise FileNotFoundError(f"no embedder checkpoint at {self.path} (expected a config.json); pass a "

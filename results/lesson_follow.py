@@ -1,0 +1,75 @@
+"""How often an actor plays the move a lesson names, on held-out room starts: the probe of whether lessons
+can reach the actor at all (issue 21). Run: python results/lesson_follow.py [--run RUN_DIR] [--starts N]
+[--moves-before K] [train.py flags that shape the prompt: --actor, --lesson-turn, --no-map, ...].
+
+For each of N held-out starts (EVAL_SEED0...), after K random moves played in the episode's context (the
+whole episode, or the --history window, as rollouts build it), it reads the actor's exact constrained
+policy over the 8 moves (results/actor_policy.py) with no lesson, and with each one-move lesson `MOVE` (what
+the extractor writes with --lesson-moves 1), placed where the settings put it. Reports P(move | lesson
+names it) against P(move | no lesson), and per move. With --run, the run's flags and trained actor.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import crl     # noqa: E402
+import envs    # noqa: E402
+import train   # noqa: E402
+from actor_policy import policy   # noqa: E402   (results/, the script's own folder)
+from model import Transformer, load_tokenizer   # noqa: E402
+
+
+def prompt_tokens(tok, cfg, env, history: list, obs: str, lesson: list[str]) -> list[int]:
+    """The actor's context at this turn, built as crl's rollout builds it (the opening turn carries the lesson)."""
+    first = history[0][0] if history else obs
+    system, opened = crl.actor_opening(cfg, env, lesson, first, can_ask=False)
+    if history:
+        history = [(opened, history[0][1])] + history[1:]
+    else:
+        obs = opened
+    h = len(history) if cfg.history is None else cfg.history
+    return crl.encode_chat(tok, crl.window_messages(system, history, obs, h))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--run", help="a run directory: its flags (args.json) and its trained actor (ckpt/actor)")
+    p.add_argument("--starts", type=int, default=24)
+    p.add_argument("--moves-before", type=int, default=0, help="random moves played before the turn measured")
+    mine, rest = p.parse_known_args()
+    args = train.parse_args(rest)
+    if mine.run:
+        vars(args).update(json.load(open(os.path.join(mine.run, "args.json"))))
+    cfg = train.config_from(args)
+    spec = os.path.join(mine.run, "ckpt", "actor") if mine.run else args.actor
+    model, tok = Transformer.from_pretrained(spec, dtype=torch.float32).eval(), load_tokenizer(spec)
+    env = envs.make("room", show_map=cfg.show_map, max_steps=cfg.max_steps)
+    rng, base, follow = random.Random(0), [], {a: [] for a in env.actions}
+    for i in range(mine.starts):
+        obs, history = env.reset(seed=crl.EVAL_SEED0 + i), []
+        for _ in range(mine.moves_before):
+            move = rng.choice(env.actions)
+            history.append((obs, move))
+            obs, _, done, _ = env.step(move)
+            if done:   # a walk that ended the episode: measure from a fresh start instead
+                obs, history = env.reset(seed=crl.EVAL_SEED0 + i), []
+        actions = tuple(env.actions)
+        base.append(policy(model, tok, prompt_tokens(tok, cfg, env, history, obs, []), actions))
+        for j, move in enumerate(actions):
+            follow[move].append(policy(model, tok, prompt_tokens(tok, cfg, env, history, obs, [move]), actions)[j].item())
+    base = torch.stack(base).mean(0)
+    lifted = sum(sum(v) for v in follow.values()) / sum(len(v) for v in follow.values())
+    print(f"{mine.run or args.actor} (lesson_turn={cfg.lesson_turn}, map={cfg.show_map}, "
+          f"instructions={cfg.instructions}, history={cfg.history}, {mine.moves_before} moves before, "
+          f"{mine.starts} starts): P(move | lesson names it) {lifted:.3f}, P(move | no lesson) {base.mean():.3f}")
+    for j, move in enumerate(actions):
+        print(f"  {move:>9}: with lesson {sum(follow[move]) / len(follow[move]):.3f}, without {base[j]:.3f}")
+
+
+if __name__ == "__main__":
+    main()

