@@ -61,7 +61,8 @@ def main():
         actions = tuple(env.actions)
         base.append(policy(model, tok, prompt_tokens(tok, cfg, env, history, obs, []), actions))
         for j, move in enumerate(actions):
-            follow[move].append(policy(model, tok, prompt_tokens(tok, cfg, env, history, obs, [move]), actions)[j].item())
+            prompt = prompt_tokens(tok, cfg, env, history, obs, [move])
+            follow[move].append(policy(model, tok, prompt, actions)[j].item())
     base = torch.stack(base).mean(0)
     lifted = sum(sum(v) for v in follow.values()) / sum(len(v) for v in follow.values())
     print(f"{mine.run or args.actor} (lesson_turn={cfg.lesson_turn}, map={cfg.show_map}, "
