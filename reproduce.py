@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 MODES = ("crl", "grpo", "static", "exp-only", "no-split")
 MODE_FLAGS = {"no-split": ["--mode", "crl", "--no-split"]}   # every other mode is `--mode MODE`
@@ -186,8 +187,14 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
         shutil.rmtree(out)   # killed before its first checkpoint: nothing to keep
     print(f"== {task} {mode} seed {seed}: {'resuming' if resume else 'starting'} ({out})", flush=True)
     argv = train_argv(task, mode, seed, out, a, extra) + (["--resume"] if resume else [])
-    rc = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"),
-                         *argv]).returncode
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"), *argv]
+    if a.jobs == 1:
+        rc = subprocess.run(cmd).returncode
+    else:   # cells side by side: each one's progress goes to its own log, not interleaved on the terminal
+        log = os.path.join(a.results, "logs", f"{task}-{mode}-seed{seed}.log")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        with open(log, "a") as f:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         sys.exit(f"error: {task} {mode} seed {seed} stopped (exit {rc}); run the same command again to resume it")
 
@@ -203,6 +210,9 @@ def parse_args(argv=None):
                    help="training iterations of every run (120: about 20 minutes for a tiny crl run on 2 cores)")
     p.add_argument("--final-episodes", type=int, default=256,
                    help="held-out episodes each way in every run's final evaluation")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells trained at once, each its own process (on a GPU a small model leaves room for "
+                        "several; on a 2-core CPU keep 1); their logs go to RESULTS/logs/")
     p.add_argument("--table", action="store_true", help="only redraw the tables and pictures from what is there")
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -212,8 +222,8 @@ def parse_args(argv=None):
     bad = [m for m in a.modes if m not in MODES]
     if bad:
         p.error(f"unknown mode {', '.join(bad)}; choose from: {', '.join(MODES)}")
-    if a.seeds < 1 or a.final_episodes < 1 or a.iters < 1:
-        p.error("--seeds, --iters and --final-episodes must be >= 1")
+    if a.seeds < 1 or a.final_episodes < 1 or a.iters < 1 or a.jobs < 1:
+        p.error("--seeds, --iters, --final-episodes and --jobs must be >= 1")
     return a, extra
 
 
@@ -221,10 +231,15 @@ def main(argv=None):
     a, extra = parse_args(argv)
     for task in a.tasks:
         if not a.table:
-            for seed in range(a.seeds):          # seeds outermost: every mode gets its first seed early
-                for mode in a.modes:
-                    run_one(task, mode, seed, a, extra)
+            # seeds outermost: every mode gets its first seed early
+            cells = [(task, mode, seed) for seed in range(a.seeds) for mode in a.modes]
+            pool = ThreadPoolExecutor(a.jobs)
+            try:
+                for done in as_completed([pool.submit(run_one, *cell, a, extra) for cell in cells]):
+                    done.result()   # a cell that stopped stops the grid (cells not started yet are dropped)
                     report(a.results, task)
+            finally:
+                pool.shutdown(cancel_futures=True)
         report(a.results, task)
 
 

@@ -83,3 +83,18 @@ def test_grid_cell_end_to_end(tmp_path, capsys):
     reproduce.main(argv)
     assert json.load(open(out / "final.json")) == final    # the same held-out seeds and sampling noise
     assert "resuming" in capsys.readouterr().out
+
+
+def test_cells_side_by_side_equal_cells_one_at_a_time(tmp_path):
+    """--jobs 2 trains two cells as concurrent processes, each logging to RESULTS/logs/; every cell ends as
+    it does when the cells run one after another."""
+    tiny = ["--iters", "2", "--eval-every", "0", "--max-steps", "3", "--groups", "2"]
+    finals = {}
+    for jobs in (1, 2):
+        results = tmp_path / f"jobs{jobs}"
+        reproduce.main(["--modes", "grpo", "--seeds", "2", "--final-episodes", "4", "--jobs", str(jobs),
+                        "--results", str(results), "--", *tiny])
+        finals[jobs] = [json.load(open(results / "room" / f"grpo-seed{s}" / "final.json")) for s in (0, 1)]
+    assert finals[1] == finals[2]
+    assert sorted(os.listdir(tmp_path / "jobs2" / "logs")) == ["room-grpo-seed0.log", "room-grpo-seed1.log"]
+    assert not (tmp_path / "jobs1" / "logs").exists()
