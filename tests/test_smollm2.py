@@ -64,6 +64,19 @@ def test_logits_and_greedy_tokens_equal_transformers(reference, ours):
     assert any(s.finish_reason == "stop" for s in out) and any(s.finish_reason == "length" for s in out)
 
 
+def test_embedder_takes_the_packaged_name(ours):
+    """--embedder smollm2: the decoder embedder (last-token pooling) over the converted checkpoint, equal to
+    the hidden state of each text's last token computed here."""
+    from bank import Embedder
+    net, tok = ours
+    texts = ["stairs down (>): 1 southeast", "(nothing notable in view)"]
+    vecs = Embedder("smollm2")(texts)
+    for text, v in zip(texts, vecs):
+        with torch.no_grad():
+            h = net.hidden_states(torch.tensor([tok(text)["input_ids"]]))[0, -1].float()
+        assert torch.allclose(v, torch.nn.functional.normalize(h, dim=-1), atol=1e-5)
+
+
 def test_a_killed_conversion_leaves_no_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("CRL_CACHE", str(tmp_path))
 
