@@ -92,6 +92,8 @@ class CRLConfig:
     max_steps: int = setting(envs.MAX_STEPS, "actions per episode (the paper: 30)", min=1)
     max_reply_tokens: int = setting(512, "tokens per actor reply (a constrained reply gets at least its longest "
                                          "valid action)", min=1)
+    eval_batch: int = setting(256, "evaluation episodes played at once: their KV caches share memory (512 SmolLM2 "
+                                   "episodes at once outgrew 24 GB)", min=1)
     max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
     query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
                                      "map even when the actor's view has none: it tells apart starts that look the "
@@ -1064,8 +1066,10 @@ def evaluate(run, tasks: list[str], episodes: int) -> dict:
     timer = run.timer
     run.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
     rng = seeded_generator(run.actor.device, run.seed, 7, rank(), 3)
+    eps, n = [], run.cfg.eval_batch
     with parallel.full_weights(run):
-        eps = rollout(run, mine, rng, run.cfg.eval_temperature, train=False)
+        for i in range(0, len(mine), n):
+            eps += rollout(run, mine[i:i + n], rng, run.cfg.eval_temperature, train=False)
     run.timer = timer
     return success_metrics(eps, "eval")
 

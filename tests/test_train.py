@@ -146,6 +146,21 @@ def test_bad_flag_values_are_one_line_errors(capsys, argv, message):
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_evaluation_plays_at_most_eval_batch_episodes_at_once(tmp_path, monkeypatch):
+    sizes, real = [], crl.rollout
+
+    def spy(run, specs, rng, temperature, train=True):
+        if not train:
+            sizes.append(len(specs))
+        return real(run, specs, rng, temperature, train)
+
+    monkeypatch.setattr(crl, "rollout", spy)
+    out = str(tmp_path / "run")
+    train.main(["--tasks", "room", "--iters", "1", "--out", out, *FAST, "--eval-episodes", "5", "--eval-batch", "4"])
+    assert sizes == [4, 4, 2]   # 5 held-out episodes each way, 4 at a time
+    assert "eval/room/success_exp" in read_metrics(out)[0]
+
+
 def test_no_evaluation_runs_and_checkpoints_at_the_end(tmp_path):
     out = str(tmp_path / "noeval")
     train.main(["--tasks", "room", "--iters", "2", "--out", out, *FAST, "--eval-every", "0"])
