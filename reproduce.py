@@ -20,7 +20,8 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from itertools import islice
 
 MODES = ("crl", "grpo", "static", "exp-only", "no-split")
 MODE_FLAGS = {"no-split": ["--mode", "crl", "--no-split"]}   # every other mode is `--mode MODE`
@@ -233,13 +234,16 @@ def main(argv=None):
         if not a.table:
             # seeds outermost: every mode gets its first seed early
             cells = [(task, mode, seed) for seed in range(a.seeds) for mode in a.modes]
-            pool = ThreadPoolExecutor(a.jobs)
-            try:
-                for done in as_completed([pool.submit(run_one, *cell, a, extra) for cell in cells]):
-                    done.result()   # a cell that stopped stops the grid (cells not started yet are dropped)
-                    report(a.results, task)
-            finally:
-                pool.shutdown(cancel_futures=True)
+            with ThreadPoolExecutor(a.jobs) as pool:   # at most a.jobs cells in flight, so one that stops
+                todo, running = iter(cells), set()       # stops the grid before another starts
+                while True:
+                    running |= {pool.submit(run_one, *cell, a, extra) for cell in islice(todo, a.jobs - len(running))}
+                    if not running:
+                        break
+                    done, running = wait(running, return_when=FIRST_COMPLETED)
+                    for cell in done:
+                        cell.result()   # a cell that stopped: its message ends the grid
+                        report(a.results, task)
         report(a.results, task)
 
 

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import sys
 
 import pytest
 
@@ -98,3 +99,16 @@ def test_cells_side_by_side_equal_cells_one_at_a_time(tmp_path):
     assert finals[1] == finals[2]
     assert sorted(os.listdir(tmp_path / "jobs2" / "logs")) == ["room-grpo-seed0.log", "room-grpo-seed1.log"]
     assert not (tmp_path / "jobs1" / "logs").exists()
+
+
+def test_a_cell_that_stops_stops_the_grid(tmp_path, monkeypatch):
+    started = []
+
+    def stops(task, mode, seed, a, extra):
+        started.append((mode, seed))
+        sys.exit(f"error: {task} {mode} seed {seed} stopped")
+
+    monkeypatch.setattr(reproduce, "run_one", stops)
+    with pytest.raises(SystemExit, match="grpo seed 0 stopped"):
+        reproduce.main(["--modes", "grpo,crl", "--seeds", "2", "--results", str(tmp_path)])
+    assert started == [("grpo", 0)]   # no other cell was started after it
