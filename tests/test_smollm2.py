@@ -12,6 +12,7 @@ import crl
 import model
 import train
 from model import Transformer, generate, load_tokenizer
+from test_train import read_metrics
 
 PACKAGE, GGUF, _ = model.PACKAGED["smollm2"]
 
@@ -48,7 +49,7 @@ def test_tokenizer_equals_transformers_gguf_tokenizer(reference, ours):
 
 
 def test_logits_and_greedy_tokens_equal_transformers(reference, ours):
-    (ref_tok, hf), (net, tok) = reference, ours
+    (_, hf), (net, tok) = reference, ours
     prompts = [chat(tok, text) for text in PROMPTS]
     for ids in prompts:
         with torch.no_grad():
@@ -106,15 +107,10 @@ def test_one_training_iteration_as_actor_and_extractor(tmp_path):
     run = train.main(["--tasks", "room", "--actor", "smollm2", "--extractor", "smollm2", "--iters", "1",
                       "--out", out, "--groups", "1", "--group-size", "4", "--max-steps", "2", "--warmup", "0",
                       "--eval-every", "0", "--extractor-batch", "2", "--dtype", "bfloat16"])
-    row = crl_metrics(out)[-1]
+    row = read_metrics(out)[-1]
     assert 1 <= row["turns"] <= 2 and "actor/loss" in row
     moves = set(crl.EnvPool().take("room").actions)
     lessons = [e.text for e in run.manager.bank.entries("room")]
     assert lessons and set(lessons) <= moves   # --lesson-moves 1: every lesson is one move word
     assert run.cfg.lesson_turn and not run.cfg.free_text   # the SMOLLM2 preset applied
     assert os.path.isfile(os.path.join(out, "ckpt", "actor", "tokenizer.json"))
-
-
-def crl_metrics(out):
-    import json
-    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
