@@ -44,7 +44,8 @@ class RunConfig:
     embedder: str | None = setting(None, "embedder directory or 'smollm2' (default none: the packaged "
                                          "all-MiniLM-L6-v2)")
     out: str | None = setting(None, "run directory (default none: runs/TASKS-MODE-TIME)")
-    resume: bool = setting(False, "continue the run in --out from its last checkpoint, with its saved flags")
+    resume: bool = setting(False, "continue the run in --out from its last checkpoint with its saved flags (a flag "
+                                  "given again overrides its saved value)")
     seed: int = setting(0, "seed of the models' init, the task instances and the sampling")
     device: str | None = setting(None, "cpu, cuda or cuda:N (default none: cuda when available)")
     dtype: str | None = setting(None, "compute dtype of forward, backward and rollouts (default none: bfloat16 on "
@@ -191,10 +192,24 @@ def parse_args(argv=None):
     add_flags(p, RunConfig)
     add_flags(p, crl.CRLConfig)
     given = vars(p.parse_args(argv))
-    args = argparse.Namespace(**{**defaults, **presets(given), **given})
+    saved = saved_flags(p, given) if given.get("resume") else {}
+    args = argparse.Namespace(**{**defaults, **presets({**saved, **given}), **saved, **given})
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     check(p, args)
     return args
+
+
+def saved_flags(p, given: dict) -> dict:
+    """--resume: the run's flags from OUT/args.json; flags given again on the command line win over them."""
+    path = os.path.join(given.get("out") or "", "args.json")
+    if not given.get("out") or not os.path.exists(path):
+        p.error(f"--resume: no run in {given.get('out')} (no args.json, no checkpoint); run without --resume to "
+                "start one")
+    known = {dest for cls in (RunConfig, crl.CRLConfig) for dest, _ in flat_fields(cls)} - {"resume"}
+    saved = {k: v for k, v in json.load(open(path)).items() if k in known}
+    if "tasks" in saved:
+        saved["tasks"] = ",".join(saved["tasks"])
+    return saved
 
 
 def config_from(args, cls=crl.CRLConfig, prefix=""):
@@ -411,19 +426,14 @@ def open_run_dir(args):
         ckpt = os.path.join(args.out, "ckpt")
         if not os.path.exists(os.path.join(ckpt, "state.pt")):
             sys.exit(f"error: --resume: no checkpoint in {ckpt}; run without --resume to start a new run")
-        saved = json.load(open(os.path.join(args.out, "args.json")))
-        for k, v in saved.items():
-            if k not in ("iters", "resume", "out", "device", "final_eval_episodes"):
-                setattr(args, k, v)
     elif crl.gather_objects(os.path.exists(os.path.join(args.out, "args.json")))[0]:
         # rank 0's answer for every rank (collected before rank 0 writes args.json below): no race under DDP
         sys.exit(f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         sys.exit(f"error: --out {args.out} is a file; choose a directory")
-    if crl.rank() == 0:
+    if crl.rank() == 0:   # on --resume, the flags given again are the run's from now on
         os.makedirs(args.out, exist_ok=True)
-        if not args.resume:
-            json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"), indent=1)
+        json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"), indent=1)
 
 
 def open_log(args, start: int):
