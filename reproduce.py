@@ -1,9 +1,9 @@
 """Reproduce the paper's comparison: `python reproduce.py` (room by default, `--tasks` for others).
 
 Runs the grid modes × seeds × tasks through train.py's own code path with identical budgets, one training
-process at a time, and writes
-    results/TASK/MODE-seedK/            the run (metrics.jsonl, curve.png, ckpt/, final.json)
-    results/TASK.md, results/TASK.png   the paper-style table and the held-out curves (mean with a band)
+process at a time, and writes into --results (default runs/reproduce; the committed record is results/)
+    RESULTS/TASK/MODE-seedK/            the run (metrics.jsonl, curve.png, ckpt/, final.json)
+    RESULTS/TASK.md, RESULTS/TASK.png   the paper-style table and the held-out curves (mean with a band)
 The grid is resumable: a run with final.json is skipped, a run with a checkpoint resumes from it, so the
 grid accumulates across sittings. `--table` only redraws the table and picture from what is there.
 
@@ -135,7 +135,7 @@ def vs_grpo(runs: dict, task: str, mode: str) -> list[str]:
 
 
 def curve(results: str, task: str):
-    """results/TASK.png: held-out success vs iteration per mode, mean over seeds with a 95% band."""
+    """RESULTS/TASK.png: held-out success vs iteration per mode, mean over seeds with a 95% band."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -206,7 +206,9 @@ def parse_args(argv=None):
     p.add_argument("--tasks", default="room", help="comma-separated tasks, one grid each")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from: {', '.join(MODES)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per mode")
-    p.add_argument("--results", default="results", help="the results folder")
+    p.add_argument("--results", default=os.path.join("runs", "reproduce"),
+                   help="the grid's folder (default runs/reproduce, which git ignores; the committed record is "
+                        "refreshed only by naming it: --results results, --results results/smollm2)")
     p.add_argument("--iters", type=int, default=120,
                    help="training iterations of every run (120: about 20 minutes for a tiny crl run on 2 cores)")
     p.add_argument("--final-episodes", type=int, default=256,
