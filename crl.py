@@ -1,15 +1,38 @@
 """Complementary RL, the algorithm: an actor trained with multi-turn GRPO on split advantages, co-evolving with
 an experience extractor trained with CISPO on the measured utility of the lessons it writes into the bank.
 
-Read top to bottom, as the paper goes: the settings (`CRLConfig`) and the run state (`Run`), the actor's
-prompts, `rollout`, the actor's objective (`split_advantages`, `grpo_loss`; `cispo_loss` beside it), the
-extractor (distil, parse, `search_and_ask`, credit, CISPO update, merge), and one iteration (`train_step`,
-then `evaluate`). The collective plumbing for DDP comes last. model.py supplies the decoder and the batched
-KV-cache generator, envs.py the games, bank.py the shared experience bank; train.py builds a `Run` and calls
+Read top to bottom, as the paper goes: the settings and the run state, the actor's prompts and `rollout`, the
+actor's objective, the extractor, one iteration (`train_step`) and `evaluate`. The machinery (policy updates in
+micro-batches, the chat-template trick, the environment pool, the small models' grammars, metrics, random
+streams and collectives) sits together at the bottom. model.py supplies the decoder and the batched KV-cache
+generator, envs.py the games, bank.py the shared experience bank; train.py builds a `Run` and calls
 `train_step` / `evaluate` in a loop, under torchrun for DDP.
 
-Tags in comments: `PAPER: x` names the paper's term or section for what the code implements; `[code]` marks a
-choice taken from the authors' released code where the paper does not state it.
+The paper, piece by piece (sections as in PAPER.md):
+
+    §Actor objective     G rollouts an instance, G/2 with experience        episode_specs
+                         the lesson in the actor's prompt                   actor_system_prompt, actor_opening
+                         multi-turn episodes, KV cache kept across turns    rollout, EpisodeBatch
+                         A = R - mean(R) within each subgroup               split_advantages
+                         PPO-clip on the actor's tokens, no KL              grpo_loss, actor_update
+                         warm-up while the bank fills                       train_step
+    §Extractor objective an episode credits what it used: +1 / -1          record_outcomes, credit_generations
+                         reward = mean credit, A = reward - batch mean      extractor_update
+                         CISPO: clipped weight, every token's gradient      cispo_loss
+    §Experience bank     retrieval by the first view, top 1 injected        retrieval_query, retrieve
+                         ADD / UPDATE / NONE from a finished episode        distill, extractor_prompt, parse_operations
+                         consolidation of similar lessons                   merge_pass
+                         the actor's tool                                   search_and_ask
+    (evaluation)         held-out seeds, bank read-only                     evaluate
+
+How it departs from the paper, and why: the actor may start from a tiny byte-level model, whose replies are
+constrained to the valid actions and whose extractor writes through constrained operation heads (the tiny
+models' grammars below); the actor's judgement of a retrieved lesson (accept / refine / reject) is not
+implemented; on CPU distillation runs inline rather than on a background track; searches run on the
+caller's thread (one batched search a turn), not through the authors' pool of search workers.
+
+Tags in comments: `PAPER §Section: term` names what the code implements; `[code]` marks a choice taken from the
+authors' released code where the paper does not state it.
 """
 import dataclasses
 import functools
@@ -30,9 +53,18 @@ import parallel
 from bank import BankConfig, Operation
 from model import Constraint, Session, generate, token_logprobs
 
+
 MODES = ("crl", "grpo", "static", "exp-only")
 EVAL_SEED0 = 1_000_000_000  # evaluation seeds start here; training seeds are drawn below it
 
+# Random streams: every draw is seeded by (run seed, step, [rank,] stream), so a resumed run replays the same
+# samples and each rank draws its own. (The numbers are those of earlier versions: old runs replay.)
+INSTANCES = 1           # numpy: the task instances an iteration plays (the same on every rank)
+ACTOR_SAMPLING = 1      # torch: the actor's sampling in training
+EXTRACTOR_SAMPLING = 2  # torch: the extractor's sampling (distillation, answers, merges)
+MERGE_PICKS = 3         # numpy: the entries a merge pass consolidates
+EVAL_SAMPLING = 3       # torch: the actor's sampling in evaluation...
+EVAL_STEP = 7           # ...seeded as at this fixed step, so every evaluation of a run draws the same noise
 
 # ---------------------------------------------------------------------------------------------------------
 # Settings and run state
@@ -48,6 +80,7 @@ def setting(default, help: str, **checks):
 @dataclass
 class CRLConfig:
     """The algorithm's settings, one line each (train.py makes each a flag; its presets override some)."""
+    # the paper's algorithm (§Actor objective, §Extractor objective, §Experience bank); [code]: the authors' code
     mode: str = setting("crl", "crl | grpo (no bank) | static (frozen extractor) | exp-only (frozen actor)",
                         choices=MODES)
     groups: int = setting(16, "task instances per iteration, over all ranks", min=1)
@@ -65,50 +98,27 @@ class CRLConfig:
     loss_agg: str = setting("seq-mean-token-mean", "loss aggregation over tokens",
                             choices=("seq-mean-token-mean", "token-mean"))
     adv_std: bool = setting(False, "divide advantages by the subgroup's std (the authors only centre them)")
-    split: bool = setting(True, "advantages within the with/without-experience halves of a group (PAPER: split "
-                                "advantage); --no-split: one group of all G, the ablation")
+    split: bool = setting(True, "advantages within the with/without-experience halves of a group (PAPER §Actor "
+                                "objective: split advantage); --no-split: one group of all G, the ablation")
     grad_clip: float = setting(1.0, "gradient-norm clip", above=0)
     warmup: int = setting(5, "iterations the actor waits while the bank fills [code]", min=0)
-    micro_batch: int = setting(4, "sequences per forward/backward", min=1)
     minibatches: int = setting(1, "optimizer steps per iteration, one epoch over the batch [code: 1]", min=1)
     retrieve_k: int = setting(1, "lessons injected into a with-experience prompt [code: top 1]", min=1)
     free_text: bool = setting(True, "actor replies free text with <answer>ACTION</answer>; else constrained "
                                     "to the valid actions")
     max_asks: int = setting(2, "search_and_ask calls per free-text episode [code]", min=0)
     ask_lessons: int = setting(3, "lessons retrieved for the extractor to answer an ask", min=1)
-    recent_moves: int = setting(0, "each observation ends with the actor's last N actions, a compact memory a "
-                                   "memoryless (--history 0) tiny actor can read (0: none)", min=0)
-    train_instances: int = setting(0, "a finite training pool: instance seeds drawn from N fixed ones, as the "
-                                      "paper's finite train sets (0: a fresh seed every group); evaluation stays "
-                                      "on held-out seeds", min=0)
     history: int | None = setting(None, "turns kept in the actor's context (default none: the whole episode, "
                                         "KV cache kept across turns)", min=0)
-    instructions: bool = setting(True, "task text and reply format in the actor's prompt")
-    lesson_turn: bool = setting(False, "retrieved lessons open the first user turn as a tip instead of closing the "
-                                       "system prompt (where a small instruct model reads them: "
-                                       "results/lesson_follow.py)")
-    show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
-                                   "message line)", flag="map")
     max_steps: int = setting(envs.MAX_STEPS, "actions per episode (the paper: 30)", min=1)
     max_reply_tokens: int = setting(512, "tokens per actor reply (a constrained reply gets at least its longest "
                                          "valid action)", min=1)
-    eval_batch: int = setting(256, "evaluation episodes played at once: their KV caches share memory (512 SmolLM2 "
-                                   "episodes at once outgrew 24 GB)", min=1)
     max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
-    query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
-                                     "map even when the actor's view has none: it tells apart starts that look the "
-                                     "same in words")
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
-    extractor_none: bool = setting(True, "a constrained extractor may answer NONE when distilling; "
-                                         "--no-extractor-none: it must add or update (a NONE is never credited, so "
-                                         "CISPO never pushes it down and an extractor whose lessons mostly fail "
-                                         "drifts into it)")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
     extractor_reply_tokens: int = setting(1024, "tokens per extractor reply (a --lesson-moves reply gets at "
                                                           "least its longest plan)", min=1)
-    lesson_moves: int = setting(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
-                                   "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
     episode_chars: int = setting(6000, "characters of a finished episode shown to the extractor", min=2)
     distill_per_group: int = setting(0, "episodes per group sent to the extractor (0: all)", min=0)
     max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
@@ -119,6 +129,32 @@ class CRLConfig:
     merge_size: int = setting(5, "entries consolidated per merge call [code]", min=1)
     merge_batches: int = setting(2, "merge calls per task per pass", min=0)
     bank: BankConfig = setting(BankConfig(), "the experience bank")
+    # how the work is batched (no effect on what is computed beyond float rounding)
+    micro_batch: int = setting(4, "sequences per forward/backward", min=1)
+    eval_batch: int = setting(256, "evaluation episodes played at once: their KV caches share memory (512 SmolLM2 "
+                                   "episodes at once outgrew 24 GB)", min=1)
+    # for small models (the tiny and smollm2 presets; not in the paper)
+    instructions: bool = setting(True, "task text and reply format in the actor's prompt")
+    show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
+                                   "message line)", flag="map")
+    lesson_turn: bool = setting(False, "retrieved lessons open the first user turn as a tip instead of closing the "
+                                       "system prompt (where a small instruct model reads them: "
+                                       "probes/lesson_follow.py)")
+    lesson_moves: int = setting(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
+                                   "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
+    extractor_none: bool = setting(True, "a constrained extractor may answer NONE when distilling; "
+                                         "--no-extractor-none: it must add or update (a NONE is never credited, so "
+                                         "CISPO never pushes it down and an extractor whose lessons mostly fail "
+                                         "drifts into it)")
+    # probes (results/probes.md): off by default, none has shown a gain
+    recent_moves: int = setting(0, "each observation ends with the actor's last N actions, a compact memory a "
+                                   "memoryless (--history 0) tiny actor can read (0: none)", min=0)
+    train_instances: int = setting(0, "a finite training pool: instance seeds drawn from N fixed ones, as the "
+                                      "paper's finite train sets (0: a fresh seed every group); evaluation stays "
+                                      "on held-out seeds", min=0)
+    query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
+                                     "map even when the actor's view has none: it tells apart starts that look the "
+                                     "same in words")
 
     def __post_init__(self):
         if self.eval_temperature is None:
@@ -160,10 +196,9 @@ class Run:
     def __post_init__(self):
         self.pool = self.pool or EnvPool(self.cfg.show_map, self.cfg.max_steps)
 
-
 # ---------------------------------------------------------------------------------------------------------
-# The actor's prompts: system = task + actions + reply format (+ retrieved experience); each observation is a
-# user turn; its replies are assistant turns.
+# The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
+# the task, the actions and the reply format; each observation is a user turn, each reply an assistant turn
 
 def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool, instructions: bool = True,
                         max_asks: int = 2) -> str:
@@ -196,13 +231,8 @@ def actor_opening(cfg, env, experience: list[str], obs: str, can_ask: bool) -> t
 
 
 def retrieval_query(env, first_obs: str) -> str:
-    """The key of an episode: the task goal and the initial view (PAPER: retrieval)."""
+    """The key of an episode: the task goal and the initial view (PAPER §Experience bank: retrieval)."""
     return f"{env.instruction}\n{first_obs}"
-
-
-def encode_chat(tok, messages: list[dict], generation_prompt: bool = True) -> list[int]:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    return tok.encode(text, add_special_tokens=False)
 
 
 def window_messages(system: str, history: list, obs: str, h: int) -> list[dict]:
@@ -212,29 +242,8 @@ def window_messages(system: str, history: list, obs: str, h: int) -> list[dict]:
         msgs += [{"role": "user", "content": o}, {"role": "assistant", "content": r}]
     return msgs + [{"role": "user", "content": obs}]
 
-
-_TURN_CACHE = weakref.WeakKeyDictionary()   # tokenizer -> (text between reply and user turn, text after it)
-
-
-def next_turn_tokens(tok, text: str) -> list[int]:
-    """Tokens that follow an assistant reply (which ended with the eos token) to add a user turn and open
-    the next assistant turn. Found by rendering the chat template around placeholders, so it works for any
-    ChatML/Llama-style template without re-rendering (and re-tokenising) the whole conversation."""
-    if tok not in _TURN_CACHE:
-        msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                {"role": "assistant", "content": "\x02"}, {"role": "user", "content": "\x01"}]
-        rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        between, after = rendered[rendered.index("\x02") + 1:].split("\x01")
-        eos = tok.decode([tok.eos_token_id])
-        if between.startswith(eos):  # the reply's own eos token is already in the sequence
-            between = between[len(eos):]
-        _TURN_CACHE[tok] = (between, after)
-    between, after = _TURN_CACHE[tok]
-    return tok.encode(between + text + after, add_special_tokens=False)
-
-
 # ---------------------------------------------------------------------------------------------------------
-# Rollout
+# Rollout: every episode of an iteration plays in lockstep, one batched generate call a turn
 
 @dataclass
 class Segment:
@@ -275,29 +284,6 @@ class Episode:
     invalid: int = 0
     asks: int = 0
     truncated: bool = False
-
-
-class EnvPool:
-    """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
-    ALFWorld games and WebShop goals from their held-out splits (envs.HELD_OUT), training from train."""
-
-    def __init__(self, show_map: bool = True, max_steps: int = envs.MAX_STEPS):
-        self.free: dict[tuple, list] = {}
-        self.show_map, self.max_steps = show_map, max_steps
-
-    def take(self, task, train=True):
-        key = (task, train)
-        if self.free.get(key):
-            return self.free[key].pop()
-        kw = dict(max_steps=self.max_steps)
-        if task in envs.HELD_OUT:
-            kw["split"] = "train" if train else envs.HELD_OUT[task]
-        if task in envs.MINIHACK:
-            kw["show_map"] = self.show_map
-        return envs.make(task, **kw)
-
-    def give(self, task, train, env):
-        self.free.setdefault((task, train), []).append(env)
 
 
 ASK_RE = re.compile(r"<ask>(.*?)</ask>", re.S)
@@ -482,14 +468,14 @@ def retrieve(run, eps: list[Episode], train: bool = True):
                 eps[j].retrieved = [entry.id for entry, _ in hits]
                 eps[j].sources = [entry.source for entry, _ in hits]
 
-
 # ---------------------------------------------------------------------------------------------------------
-# The objectives: GRPO on split advantages for the actor, CISPO for the extractor
+# The objectives (PAPER §Actor objective, §Extractor objective): GRPO on split advantages for the actor,
+# CISPO for the extractor
 
 def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch.Tensor, std: bool = False
                      ) -> torch.Tensor:
-    """A_i = R_i - mean(R) within each (group, with/without experience) subgroup (PAPER: split advantage;
-    [code] no division by the std unless `std`). Keeps a learning signal for experience-free play."""
+    """A_i = R_i - mean(R) within each (group, with/without experience) subgroup (PAPER §Actor objective: split
+    advantage; [code] no division by the std unless `std`). Keeps a learning signal for experience-free play."""
     rewards = rewards.double()
     adv = torch.zeros_like(rewards)
     sub = group.long() * 2 + with_exp.long()
@@ -499,6 +485,24 @@ def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch
         if std and idx.sum() > 1:
             adv[idx] = adv[idx] / (rewards[idx].std() + 1e-6)
     return adv.float()
+
+
+def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, agg: str = "seq-mean-token-mean", **denoms):
+    """-min(r A, clip(r, 1-eps, 1+eps) A) per token, r = pi/pi_old: PPO-clip with no KL and no entropy
+    (PAPER §Actor objective [code]). logp/old_logp/mask [B,T], adv [B]. A clipped token has no gradient."""
+    r = torch.exp(logp - old_logp)
+    a = adv[:, None]
+    per_token = -torch.minimum(r * a, r.clamp(1 - clip, 1 + clip) * a)
+    return aggregate(per_token, mask, agg, **denoms)
+
+
+def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1,
+               agg: str = "seq-mean-token-mean", **denoms):
+    """CISPO (MiniMax-M1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi. The importance weight is
+    clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [code])."""
+    weight = torch.exp(logp - old_logp).clamp(1 - eps_low, 1 + eps_high).detach()
+    per_token = -weight * adv[:, None] * logp
+    return aggregate(per_token, mask, agg, **denoms)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, num_seqs: float | None = None,
@@ -516,133 +520,9 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, num_seqs: f
         return (per_token * mask).sum() / (num_tokens if num_tokens is not None else mask.sum().clamp(min=1))
     raise ValueError(f"unknown loss aggregation {agg!r}; use seq-mean-token-mean or token-mean")
 
-
-def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, agg: str = "seq-mean-token-mean", **denoms):
-    """-min(r A, clip(r, 1-eps, 1+eps) A) per token, r = pi/pi_old: PPO-clip with no KL and no entropy
-    (PAPER: actor objective [code]). logp/old_logp/mask [B,T], adv [B]. A clipped token has no gradient."""
-    r = torch.exp(logp - old_logp)
-    a = adv[:, None]
-    per_token = -torch.minimum(r * a, r.clamp(1 - clip, 1 + clip) * a)
-    return aggregate(per_token, mask, agg, **denoms)
-
-
-def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1,
-               agg: str = "seq-mean-token-mean", **denoms):
-    """CISPO (MiniMax-M1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi. The importance weight is
-    clipped, not the objective, so every token keeps its gradient (PAPER: extractor objective [code])."""
-    weight = torch.exp(logp - old_logp).clamp(1 - eps_low, 1 + eps_high).detach()
-    per_token = -weight * adv[:, None] * logp
-    return aggregate(per_token, mask, agg, **denoms)
-
-
-def pad_segments(segments: list[Segment], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded [B, T] tokens, actor-token mask and sampler log-probs."""
-    T = max(len(s.tokens) for s in segments)
-    tokens = torch.zeros(len(segments), T, dtype=torch.long)
-    mask = torch.zeros(len(segments), T, dtype=torch.bool)
-    old = torch.zeros(len(segments), T)
-    for b, s in enumerate(segments):
-        tokens[b, :len(s.tokens)] = torch.tensor(s.tokens)
-        mask[b, :len(s.mask)] = torch.tensor(s.mask)
-        old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
-    mask[:, 0] = False   # the first token has no prediction
-    return tokens.to(device), mask.to(device), old.to(device)
-
-
-def policy_update(run, model, opt, segments: list[Segment], advantages: list[float], objective: str,
-                  temperature: float, minibatches: int = 1) -> dict:
-    """One epoch over the batch in `minibatches` optimizer steps (PPO mini-batches: after the first step the
-    ratio leaves 1 and the clip starts to matter). Returns the steps' mean statistics."""
-    steps = []
-    for k in range(minibatches):
-        idx = list(range(k, len(segments), minibatches))
-        steps.append(optimizer_step(run, model, opt, [segments[j] for j in idx], [advantages[j] for j in idx],
-                                    objective, temperature))
-    out = {key: sum(s.get(key, 0.0) for s in steps) / len(steps) for key in steps[0] if key != "grad_norm"}
-    out["skipped"] = sum(s["skipped"] for s in steps)
-    out["trained_seqs"] = sum(s["trained_seqs"] for s in steps)
-    norms = [s["grad_norm"] for s in steps if "grad_norm" in s]
-    if norms:
-        out["grad_norm"] = sum(norms) / len(norms)
-    return out
-
-
-def optimizer_step(run, model, opt, segments: list[Segment], advantages: list[float], objective: str,
-                   temperature: float) -> dict:
-    """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
-    micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
-    denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)),
-                  num_tokens=all_reduce_sum(sum(sum(s.mask) for s in segments)))
-    # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
-    # denominators above still count it, so the update is exactly the same)
-    trained = [j for j in range(len(segments)) if advantages[j] != 0.0 and any(segments[j].mask[1:])]
-    if all_reduce_sum(len(trained)) == 0:
-        return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
-    opt.zero_grad(set_to_none=True)
-    sums = backward_micro_batches(run, model, [segments[j] for j in trained], [advantages[j] for j in trained],
-                                  objective, temperature, denoms)
-    if not parallel.is_sharded(model):   # FSDP has reduce-scattered them already
-        all_reduce_grads(model)
-    loss = all_reduce_sum(sums["loss"])
-    tokens = max(all_reduce_sum(sums["tokens"]), 1.0)
-    out = {"loss": loss, "ratio": all_reduce_sum(sums["ratio"]) / tokens,
-           "clipfrac": all_reduce_sum(sums["clipfrac"]) / tokens, "skipped": 0,
-           "trained_seqs": all_reduce_sum(len(trained))}
-    return {**out, **clip_and_step(run, model, opt, objective, loss)}
-
-
-def backward_micro_batches(run, model, segments: list[Segment], advantages: list[float], objective: str,
-                           temperature: float, denoms: dict) -> dict:
-    """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate.
-    Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
-    cfg = run.cfg
-    sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
-    order = sorted(range(len(segments)), key=lambda j: len(segments[j].tokens))
-    device = next(model.parameters()).device
-    parallel.match_microbatches(model, math.ceil(len(order) / cfg.micro_batch))
-    for start in range(0, len(order), cfg.micro_batch):
-        idx = order[start:start + cfg.micro_batch]
-        batch = [segments[j] for j in idx]
-        tokens, mask, old = pad_segments(batch, device)
-        adv = torch.tensor([advantages[j] for j in idx], device=device)
-        seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
-        with parallel.autocast(model):
-            logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                  allowed=[s.allowed for s in batch])
-        loss, (lo, hi) = objective_loss(cfg, objective, logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
-        loss.backward()
-        with torch.no_grad():
-            ratio = torch.exp(logp - old)[mask]
-            sums["loss"] += loss.item()
-            sums["ratio"] += ratio.sum().item()
-            sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
-            sums["tokens"] += ratio.numel()
-    return sums
-
-
-def objective_loss(cfg, objective: str, logp, old, adv, mask, **denoms) -> tuple[torch.Tensor, tuple]:
-    """The loss of `objective` (grpo: the actor, cispo: the extractor) and its ratio clip range."""
-    if objective == "grpo":
-        return grpo_loss(logp, old, adv, mask, cfg.clip, cfg.loss_agg, **denoms), (1 - cfg.clip, 1 + cfg.clip)
-    return (cispo_loss(logp, old, adv, mask, cfg.cispo_eps_low, cfg.cispo_eps_high, cfg.loss_agg, **denoms),
-            (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high))
-
-
-def clip_and_step(run, model, opt, objective: str, loss: float) -> dict:
-    """Clip the summed gradient's norm and step, unless the loss or the gradient is not finite (then the
-    update is skipped, identically on every rank after the reduce)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.cfg.grad_clip)
-    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
-        warnings.warn(f"non-finite {objective} loss or gradient (loss={loss}); update skipped")
-        opt.zero_grad(set_to_none=True)
-        return {"skipped": 1}
-    opt.step()
-    return {"grad_norm": float(grad_norm)}
-
-
 # ---------------------------------------------------------------------------------------------------------
-# The experience extractor: distil episodes into bank operations; its reward is the outcome of the episodes
-# that later retrieve what it wrote.
+# The experience extractor (PAPER §Experience bank, §Extractor objective): it distils finished episodes
+# into bank operations; its reward is the outcome of the episodes that later use what it wrote
 
 EXTRACTOR_SYSTEM = (
     "You keep a bank of short lessons for an agent that plays a text game. Read a finished episode and the "
@@ -651,19 +531,25 @@ EXTRACTOR_SYSTEM = (
     "UPDATE <numbers of shown lessons, comma-separated>: <one lesson that replaces them>\n"
     "NONE\n"
     "Keep only what will help future episodes of this task.")
+
+
 EXTRACTOR_FORMAT = "Reason if it helps, then put the operations inside <answer></answer>."
+
+
 MERGE_SYSTEM = (
     "You keep a bank of short lessons for an agent that plays a text game. Consolidate the numbered lessons "
     "below into fewer, more general ones without losing what is useful: write lines\n"
     "UPDATE <numbers, comma-separated>: <one lesson that replaces them>\n"
     "or NONE if they are fine as they are.")
+
+
 ASK_SYSTEM = ("You advise an agent that plays a text game. Answer its question in at most three sentences, "
               "using the lessons from earlier episodes where they apply.")
 
 
 @dataclass
 class Generation:
-    """One extractor output: what to train on, and the outcomes credited to it (PAPER: extractor reward)."""
+    """One extractor output: what to train on, and the outcomes credited to it (PAPER §Extractor objective: reward)."""
     id: int
     task: str
     prompt: list
@@ -697,6 +583,8 @@ def extractor_prompt(run, e: Episode) -> list[int]:
 
 
 OP_RE = re.compile(r"^(ADD|UPDATE|NONE)\b\s*([0-9][0-9,\s]*)?:?\s*(.*)$", re.I)
+
+
 ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
 
 
@@ -729,43 +617,6 @@ def parse_operations(reply: str, shown: int, max_ops: int = 3) -> tuple[list[tup
     if not ops and not bad:
         bad = 1          # an empty reply
     return [o for o in ops if o[0] != "none"][:max_ops], bad
-
-
-@functools.lru_cache(maxsize=64)   # the lesson grammar's constraint is thousands of strings: build it once
-def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = (), none: bool = True) -> Constraint:
-    """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
-    `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply."""
-    heads = [] if merge else ["ADD: "]
-    if shown:
-        heads.append("UPDATE " + ",".join(str(i + 1) for i in range(shown)) + ": ")
-    none = ["NONE"] if none or not heads else []
-    if plans:   # each string and the end of the reply
-        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + none)
-    completions = [tok.encode(h, add_special_tokens=False) for h in heads]
-    completions += [tok.encode(n, add_special_tokens=False) + [tok.eos_token_id] for n in none]
-    return Constraint(completions, free_after=True)
-
-
-@functools.lru_cache(maxsize=16)
-def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
-    """The lesson grammar: every plan of 1..n of the env's own action words, `southeast east`."""
-    return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
-
-
-def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
-    if run.cfg.extractor_free_text:
-        return None
-    none = merge or run.cfg.extractor_none     # a merge may always leave its lessons as they are
-    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), none) for n, task in zip(shown, tasks)]
-
-
-def task_plans(run, task: str) -> tuple[str, ...]:
-    """The lesson grammar of `task` (empty without cfg.lesson_moves), from one of its envs' actions."""
-    if not run.cfg.lesson_moves:
-        return ()
-    env = run.pool.take(task)
-    run.pool.give(task, True, env)
-    return lesson_plans(tuple(env.actions), run.cfg.lesson_moves)
 
 
 def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, heads: list | None = None,
@@ -804,7 +655,7 @@ def distill_choice(members: list[Episode], n: int) -> list[Episode]:
 
 
 def distill(run, eps: list[Episode], step: int, rng) -> list[Operation]:
-    """Finished episodes -> bank operations (PAPER: add / update / none). New entries are keyed by the
+    """Finished episodes -> bank operations (PAPER §Experience bank: add / update / none). New entries are keyed by the
     embedding of the episode's retrieval query; an update replaces the shown entries it names."""
     if not eps:
         return []
@@ -826,9 +677,9 @@ def distill(run, eps: list[Episode], step: int, rng) -> list[Operation]:
 
 
 def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool = True) -> list[str]:
-    """The actor's tool (PAPER: search_and_ask): retrieve lessons for its question, let the extractor answer.
-    The answer is a generation like any other: the asking episode's outcome is its reward. Searches here
-    leave the re-rank state alone so DDP replicas stay identical."""
+    """The actor's tool (PAPER §Experience bank: search_and_ask): retrieve lessons for its question, let the
+    extractor answer. The answer is a generation like any other: the asking episode's outcome is its reward.
+    Searches here leave the re-rank state alone so DDP replicas stay identical."""
     prompts = []
     for e, q in questions:
         hits = run.manager.search(e.task, [q], run.cfg.ask_lessons, update=False)[0]
@@ -845,7 +696,7 @@ def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool 
 
 def credit_generations(run, eps: list[Episode]):
     """Each episode credits the generations behind what it used: +1 on success, -1 on failure [code]. Credits
-    from every rank reach the rank that owns the generation (PAPER: reward attribution)."""
+    from every rank reach the rank that owns the generation (PAPER §Extractor objective: reward attribution)."""
     credits = [(src, 1.0 if e.success else -1.0) for e in eps for src in e.sources]
     for rank_credits in gather_objects(credits):
         for src, c in rank_credits:
@@ -869,8 +720,9 @@ def extractor_update(run) -> dict:
         s.extend(g.tokens, True, g.logprobs, g.allowed)
         segments.append(s)
     t0 = time.perf_counter()
-    stats = policy_update(run, run.extractor, run.extractor_opt, segments, [r - mean for r in rewards], "cispo",
-                          cfg.extractor_temperature)
+    loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high, agg=cfg.loss_agg)
+    stats = policy_update(run, run.extractor, run.extractor_opt, segments, [r - mean for r in rewards], loss,
+                          (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high), cfg.extractor_temperature)
     run.timer["extractor_update"] += time.perf_counter() - t0
     for g in ready:
         del run.generations[g.id]
@@ -881,9 +733,10 @@ def extractor_update(run) -> dict:
 
 def merge_pass(run, step: int, rng) -> list[Operation]:
     """Consolidate small batches (merge_size) of similar entries of one task into fewer, more general ones
-    (PAPER: merge). Every rank picks the same batches from its identical replica; rank r writes batch r mod W."""
+    (PAPER §Experience bank: merge). Every rank picks the same batches from its identical replica; rank r writes
+    batch r mod W."""
     cfg, bank = run.cfg, run.manager.bank
-    picker = np.random.default_rng([run.seed, step, 3])
+    picker = np.random.default_rng([run.seed, step, MERGE_PICKS])
     batches = []
     for task in sorted(bank.tasks()):
         entries = bank.entries(task)
@@ -921,24 +774,17 @@ def apply_everywhere(run, ops: list[Operation]):
     for rank_ops in gather_objects(ops):
         run.manager.apply(rank_ops)
 
-
 # ---------------------------------------------------------------------------------------------------------
-# One co-evolution iteration
-
-def seeded_generator(device, *parts: int) -> torch.Generator:
-    """A torch RNG on `device` determined by integers (seed, step, rank, purpose): a resumed run replays the
-    same samples."""
-    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-    return torch.Generator(device=device).manual_seed(seed)
-
+# One co-evolution iteration, and evaluation
 
 def train_step(run, step: int) -> dict:
-    """One co-evolution iteration, numbered as in the README; returns its metrics (identical on every rank)."""
+    """One co-evolution iteration, its steps numbered below; returns its metrics (identical on every rank)."""
     cfg = run.cfg
     run.timer = {k: 0.0 for k in ("generate", "env", "update", "extractor", "extractor_update")}
     run.counters = {k: 0 for k in ("parse_failures", "operations", "merges")}
-    actor_rng = seeded_generator(run.actor.device, run.seed, step, rank(), 1)
-    extractor_rng = seeded_generator(run.extractor.device, run.seed, step, rank(), 2) if run.extractor else None
+    actor_rng = seeded_generator(run.actor.device, run.seed, step, rank(), ACTOR_SAMPLING)
+    extractor_rng = (seeded_generator(run.extractor.device, run.seed, step, rank(), EXTRACTOR_SAMPLING)
+                     if run.extractor else None)
 
     # 1-2. G rollouts of each task instance
     with parallel.full_weights(run):
@@ -963,7 +809,7 @@ def train_step(run, step: int) -> dict:
 def episode_specs(run, step: int) -> list[tuple]:
     """This rank's episodes: `groups` task instances (tasks in turn, seeds drawn from (seed, step)), each
     played G times, G/2 without and G/2 with experience (all G without in grpo mode)."""
-    rng = np.random.default_rng([run.seed, step, 1])
+    rng = np.random.default_rng([run.seed, step, INSTANCES])
     G, groups = run.cfg.group_size, run.cfg.groups
     specs = []
     for g in range(groups):
@@ -978,7 +824,7 @@ def episode_specs(run, step: int) -> list[tuple]:
 
 def record_outcomes(run, eps: list[Episode]):
     """Every rank's episodes, in rank order, update the retrieved entries' use counts (the re-rank reads
-    them), and each episode credits the generations it used (PAPER: reward attribution)."""
+    them), and each episode credits the generations it used (PAPER §Extractor objective: reward attribution)."""
     for rank_uses in gather_objects([(e.retrieved, e.success) for e in eps if e.retrieved]):
         for ids, success in rank_uses:
             run.manager.record_use(ids, success)
@@ -1007,7 +853,9 @@ def actor_update(run, eps: list[Episode]) -> dict:
     segments = [s for e in eps for s in e.segments]
     seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
     t0 = time.perf_counter()
-    stats = policy_update(run, run.actor, run.actor_opt, segments, seg_adv, "grpo", cfg.temperature, cfg.minibatches)
+    loss = functools.partial(grpo_loss, clip=cfg.clip, agg=cfg.loss_agg)
+    stats = policy_update(run, run.actor, run.actor_opt, segments, seg_adv, loss, (1 - cfg.clip, 1 + cfg.clip),
+                          cfg.temperature, cfg.minibatches)
     run.timer["update"] = time.perf_counter() - t0
     return {f"actor/{k}": v for k, v in stats.items()}
 
@@ -1020,6 +868,226 @@ def extractor_step(run) -> dict:
         del run.generations[old]
     return stats
 
+
+def evaluate(run, tasks: list[str], episodes: int) -> dict:
+    """Success on held-out seeds (disjoint from training seeds), with and without experience, the bank
+    read-only. The sampling noise is fixed, so evaluations at different steps are comparable."""
+    specs = []
+    for task in tasks:
+        for j in range(episodes):
+            specs.append((task, EVAL_SEED0 + j, j, False))
+            if run.cfg.uses_bank:
+                specs.append((task, EVAL_SEED0 + j, j, True))
+    mine = specs[rank()::world()]
+    timer = run.timer
+    run.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
+    rng = seeded_generator(run.actor.device, run.seed, EVAL_STEP, rank(), EVAL_SAMPLING)
+    eps, n = [], run.cfg.eval_batch
+    with parallel.full_weights(run):
+        for i in range(0, len(mine), n):
+            eps += rollout(run, mine[i:i + n], rng, run.cfg.eval_temperature, train=False)
+    run.timer = timer
+    return success_metrics(eps, "eval")
+
+
+# =========================================================================================================
+# Machinery: what the method needs to run, kept out of the reader's way
+# =========================================================================================================
+
+# ---------------------------------------------------------------------------------------------------------
+# Policy updates: micro-batches, global denominators, gradient clipping
+
+def pad_segments(segments: list[Segment], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded [B, T] tokens, actor-token mask and sampler log-probs."""
+    T = max(len(s.tokens) for s in segments)
+    tokens = torch.zeros(len(segments), T, dtype=torch.long)
+    mask = torch.zeros(len(segments), T, dtype=torch.bool)
+    old = torch.zeros(len(segments), T)
+    for b, s in enumerate(segments):
+        tokens[b, :len(s.tokens)] = torch.tensor(s.tokens)
+        mask[b, :len(s.mask)] = torch.tensor(s.mask)
+        old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    mask[:, 0] = False   # the first token has no prediction
+    return tokens.to(device), mask.to(device), old.to(device)
+
+
+def policy_update(run, model, opt, segments: list[Segment], advantages: list[float], loss_fn, clip_range: tuple,
+                  temperature: float, minibatches: int = 1) -> dict:
+    """One epoch over the batch in `minibatches` optimizer steps (PPO mini-batches: after the first step the
+    ratio leaves 1 and the clip starts to matter). `loss_fn(logp, old_logp, adv, mask, **denominators)` is the
+    objective (grpo_loss or cispo_loss with its settings bound); `clip_range` the ratio band its clip fraction
+    counts outside. Returns the steps' mean statistics."""
+    steps = []
+    for k in range(minibatches):
+        idx = list(range(k, len(segments), minibatches))
+        steps.append(optimizer_step(run, model, opt, [segments[j] for j in idx], [advantages[j] for j in idx],
+                                    loss_fn, clip_range, temperature))
+    out = {key: sum(s.get(key, 0.0) for s in steps) / len(steps) for key in steps[0] if key != "grad_norm"}
+    out["skipped"] = sum(s["skipped"] for s in steps)
+    out["trained_seqs"] = sum(s["trained_seqs"] for s in steps)
+    norms = [s["grad_norm"] for s in steps if "grad_norm" in s]
+    if norms:
+        out["grad_norm"] = sum(norms) / len(norms)
+    return out
+
+
+def optimizer_step(run, model, opt, segments: list[Segment], advantages: list[float], loss_fn, clip_range: tuple,
+                   temperature: float) -> dict:
+    """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
+    micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
+    denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)),
+                  num_tokens=all_reduce_sum(sum(sum(s.mask) for s in segments)))
+    # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
+    # denominators above still count it, so the update is exactly the same)
+    trained = [j for j in range(len(segments)) if advantages[j] != 0.0 and any(segments[j].mask[1:])]
+    if all_reduce_sum(len(trained)) == 0:
+        return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
+    opt.zero_grad(set_to_none=True)
+    sums = backward_micro_batches(run, model, [segments[j] for j in trained], [advantages[j] for j in trained],
+                                  loss_fn, clip_range, temperature, denoms)
+    if not parallel.is_sharded(model):   # FSDP has reduce-scattered them already
+        all_reduce_grads(model)
+    loss = all_reduce_sum(sums["loss"])
+    tokens = max(all_reduce_sum(sums["tokens"]), 1.0)
+    out = {"loss": loss, "ratio": all_reduce_sum(sums["ratio"]) / tokens,
+           "clipfrac": all_reduce_sum(sums["clipfrac"]) / tokens, "skipped": 0,
+           "trained_seqs": all_reduce_sum(len(trained))}
+    return {**out, **clip_and_step(run, model, opt, loss)}
+
+
+def backward_micro_batches(run, model, segments: list[Segment], advantages: list[float], loss_fn, clip_range: tuple,
+                           temperature: float, denoms: dict) -> dict:
+    """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate.
+    Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
+    cfg, (lo, hi) = run.cfg, clip_range
+    sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
+    order = sorted(range(len(segments)), key=lambda j: len(segments[j].tokens))
+    device = next(model.parameters()).device
+    parallel.match_microbatches(model, math.ceil(len(order) / cfg.micro_batch))
+    for start in range(0, len(order), cfg.micro_batch):
+        idx = order[start:start + cfg.micro_batch]
+        batch = [segments[j] for j in idx]
+        tokens, mask, old = pad_segments(batch, device)
+        adv = torch.tensor([advantages[j] for j in idx], device=device)
+        seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
+        with parallel.autocast(model):
+            logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                  allowed=[s.allowed for s in batch])
+        loss = loss_fn(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
+        loss.backward()
+        with torch.no_grad():
+            ratio = torch.exp(logp - old)[mask]
+            sums["loss"] += loss.item()
+            sums["ratio"] += ratio.sum().item()
+            sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
+            sums["tokens"] += ratio.numel()
+    return sums
+
+
+def clip_and_step(run, model, opt, loss: float) -> dict:
+    """Clip the summed gradient's norm and step, unless the loss or the gradient is not finite (then the
+    update is skipped, identically on every rank after the reduce)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.cfg.grad_clip)
+    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
+        warnings.warn(f"non-finite loss or gradient (loss={loss}); update skipped")
+        opt.zero_grad(set_to_none=True)
+        return {"skipped": 1}
+    opt.step()
+    return {"grad_norm": float(grad_norm)}
+
+# ---------------------------------------------------------------------------------------------------------
+# Chat templates: a conversation extended turn by turn without re-tokenising it
+
+def encode_chat(tok, messages: list[dict], generation_prompt: bool = True) -> list[int]:
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return tok.encode(text, add_special_tokens=False)
+
+
+_TURN_CACHE = weakref.WeakKeyDictionary()   # tokenizer -> (text between reply and user turn, text after it)
+
+
+def next_turn_tokens(tok, text: str) -> list[int]:
+    """Tokens that follow an assistant reply (which ended with the eos token) to add a user turn and open
+    the next assistant turn. Found by rendering the chat template around placeholders, so it works for any
+    ChatML/Llama-style template without re-rendering (and re-tokenising) the whole conversation."""
+    if tok not in _TURN_CACHE:
+        msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                {"role": "assistant", "content": "\x02"}, {"role": "user", "content": "\x01"}]
+        rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        between, after = rendered[rendered.index("\x02") + 1:].split("\x01")
+        eos = tok.decode([tok.eos_token_id])
+        if between.startswith(eos):  # the reply's own eos token is already in the sequence
+            between = between[len(eos):]
+        _TURN_CACHE[tok] = (between, after)
+    between, after = _TURN_CACHE[tok]
+    return tok.encode(between + text + after, add_special_tokens=False)
+
+# ---------------------------------------------------------------------------------------------------------
+# Environments, reused across iterations
+
+class EnvPool:
+    """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
+    ALFWorld games and WebShop goals from their held-out splits (envs.HELD_OUT), training from train."""
+
+    def __init__(self, show_map: bool = True, max_steps: int = envs.MAX_STEPS):
+        self.free: dict[tuple, list] = {}
+        self.show_map, self.max_steps = show_map, max_steps
+
+    def take(self, task, train=True):
+        key = (task, train)
+        if self.free.get(key):
+            return self.free[key].pop()
+        kw = dict(max_steps=self.max_steps)
+        if task in envs.HELD_OUT:
+            kw["split"] = "train" if train else envs.HELD_OUT[task]
+        if task in envs.MINIHACK:
+            kw["show_map"] = self.show_map
+        return envs.make(task, **kw)
+
+    def give(self, task, train, env):
+        self.free.setdefault((task, train), []).append(env)
+
+# ---------------------------------------------------------------------------------------------------------
+# The small models' grammars: a constrained extractor's operation heads and lesson plans
+
+@functools.lru_cache(maxsize=64)   # the lesson grammar's constraint is thousands of strings: build it once
+def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = (), none: bool = True) -> Constraint:
+    """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
+    `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply."""
+    heads = [] if merge else ["ADD: "]
+    if shown:
+        heads.append("UPDATE " + ",".join(str(i + 1) for i in range(shown)) + ": ")
+    none = ["NONE"] if none or not heads else []
+    if plans:   # each string and the end of the reply
+        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + none)
+    completions = [tok.encode(h, add_special_tokens=False) for h in heads]
+    completions += [tok.encode(n, add_special_tokens=False) + [tok.eos_token_id] for n in none]
+    return Constraint(completions, free_after=True)
+
+
+@functools.lru_cache(maxsize=16)
+def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
+    """The lesson grammar: every plan of 1..n of the env's own action words, `southeast east`."""
+    return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
+
+
+def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
+    if run.cfg.extractor_free_text:
+        return None
+    none = merge or run.cfg.extractor_none     # a merge may always leave its lessons as they are
+    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), none) for n, task in zip(shown, tasks)]
+
+
+def task_plans(run, task: str) -> tuple[str, ...]:
+    """The lesson grammar of `task` (empty without cfg.lesson_moves), from one of its envs' actions."""
+    if not run.cfg.lesson_moves:
+        return ()
+    env = run.pool.take(task)
+    run.pool.give(task, True, env)
+    return lesson_plans(tuple(env.actions), run.cfg.lesson_moves)
+
+# ---------------------------------------------------------------------------------------------------------
+# Metrics
 
 def success_metrics(eps: list[Episode], prefix: str) -> dict:
     """Success rate and mean reward (WebShop's is fractional) with and without experience per task, summed
@@ -1052,30 +1120,15 @@ def episode_metrics(run, eps: list[Episode]) -> dict:
         **{f"time/{k}": v for k, v in run.timer.items()},
     }
 
-
-def evaluate(run, tasks: list[str], episodes: int) -> dict:
-    """Success on held-out seeds (disjoint from training seeds), with and without experience, the bank
-    read-only. The sampling noise is fixed, so evaluations at different steps are comparable."""
-    specs = []
-    for task in tasks:
-        for j in range(episodes):
-            specs.append((task, EVAL_SEED0 + j, j, False))
-            if run.cfg.uses_bank:
-                specs.append((task, EVAL_SEED0 + j, j, True))
-    mine = specs[rank()::world()]
-    timer = run.timer
-    run.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
-    rng = seeded_generator(run.actor.device, run.seed, 7, rank(), 3)
-    eps, n = [], run.cfg.eval_batch
-    with parallel.full_weights(run):
-        for i in range(0, len(mine), n):
-            eps += rollout(run, mine[i:i + n], rng, run.cfg.eval_temperature, train=False)
-    run.timer = timer
-    return success_metrics(eps, "eval")
-
-
 # ---------------------------------------------------------------------------------------------------------
-# --- plumbing ---: the collectives DDP needs (each a no-op in a single process)
+# Random streams and the collectives DDP needs (each a no-op in a single process)
+
+def seeded_generator(device, *parts: int) -> torch.Generator:
+    """A torch RNG on `device` determined by integers (seed, step, rank, purpose): a resumed run replays the
+    same samples."""
+    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+    return torch.Generator(device=device).manual_seed(seed)
+
 
 def world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

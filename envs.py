@@ -29,7 +29,6 @@ import tarfile
 import tempfile
 import threading
 import warnings
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -322,100 +321,6 @@ class MiniHackEnv:
         if message:
             lines.append("message: " + message)
         return "\n".join(lines) or "(nothing notable in view)"
-
-
-class MapAgent:
-    """Scripted baseline for room, maze and keyroom that reads only the text the actor reads: it keeps the
-    cells it has seen (anchored by info['pos']), walks by BFS to the stairs when known, otherwise to the
-    nearest unexplored edge; in keyroom it first fetches the key and unlocks the door."""
-
-    def __init__(self):
-        self.cells, self.special, self.has_key = {}, {}, False
-        self._rng = random.Random(0)  # only for the rare dead end; keeps the baseline reproducible
-
-    def observe(self, obs: str, info: dict):
-        lines = obs.split("\n")
-        k = next(i for i, line in enumerate(lines) if line.startswith("legend: "))
-        grid = lines[:k]
-        ar, ac = next((r, row.index("@")) for r, row in enumerate(grid) if "@" in row)
-        x, y = info["pos"]
-        for r, row in enumerate(grid):
-            for c, ch in enumerate(row):
-                if ch != " ":
-                    self.cells[(x + c - ac, y + r - ar)] = ch
-        for line in lines[k + 1:]:
-            m = re.match(r"(.+) \((.)\): (.+)$", line)
-            if not m or line.startswith("message: "):
-                continue
-            for part in m.group(3).split("; "):
-                if part.startswith("+"):
-                    continue
-                dx = dy = 0
-                for n, w in re.findall(r"(\d+) (\w+)", part):
-                    dx, dy = dx + int(n) * MOVE_OFFSETS[w][0], dy + int(n) * MOVE_OFFSETS[w][1]
-                self.special[(x + dx, y + dy)] = m.group(1)
-        for dx, dy in MOVE_OFFSETS.values():  # NetHack always shows adjacent squares: blank there = rock
-            self.cells.setdefault((x + dx, y + dy), "#")
-        self.pos = (x, y)
-        if re.search(r"^message: \w - .*key", obs, re.M):  # NetHack's pickup line: "h - a key named ..."
-            self.has_key = True
-
-    def _passable(self, p):
-        ch, name = self.cells.get(p, " "), self.special.get(p, "")
-        if ch in " -|+`}#" and name not in ("open door", "doorway", "broken door"):
-            return False
-        return name not in ("closed door",)
-
-    def _bfs(self, goal_fn):
-        """First move of a shortest path to a cell satisfying goal_fn (None if unreachable)."""
-        start = self.pos
-        prev = {start: None}
-        queue = deque([start])
-        while queue:
-            p = queue.popleft()
-            if p != start and goal_fn(p):
-                while prev[p] != start:
-                    p = prev[p]
-                d = (p[0] - start[0], p[1] - start[1])
-                return next(a for a, s in MOVE_OFFSETS.items() if s == d)
-            for a, (dx, dy) in MOVE_OFFSETS.items():
-                q = (p[0] + dx, p[1] + dy)
-                doorish = "door" in self.special.get(q, "") or "door" in self.special.get(p, "")
-                if q in prev or not self._passable(q) or (dx and dy and doorish):
-                    continue
-                if not goal_fn(q) and q not in self.cells:
-                    continue
-                prev[q] = p
-                queue.append(q)
-        return None
-
-    def _frontier(self, p):
-        return p in self.cells and self._passable(p) and any(
-            (p[0] + dx, p[1] + dy) not in self.cells for dx, dy in MOVE_OFFSETS.values())
-
-    def act(self, obs: str, info: dict) -> str:
-        self.observe(obs, info)
-        where = {name: [p for p, n in self.special.items() if n == name] for name in set(self.special.values())}
-        if where.get("stairs down"):
-            move = self._bfs(lambda p: p in where["stairs down"])
-            if move:
-                return move
-        if where.get("key") and not self.has_key:
-            if self.pos in where["key"] or "You see here a key" in obs:
-                self.has_key = True
-                return "pickup"
-            move = self._bfs(lambda p: p in where["key"])
-            if move:
-                return move
-        doors = where.get("closed door", [])
-        if self.has_key and doors:
-            if any(max(abs(d[0] - self.pos[0]), abs(d[1] - self.pos[1])) == 1 for d in doors):
-                return "apply"
-            move = self._bfs(lambda p: self._passable(p) and any(
-                max(abs(d[0] - p[0]), abs(d[1] - p[1])) == 1 for d in doors))
-            if move:
-                return move
-        return self._bfs(self._frontier) or self._rng.choice(list(MOVE_OFFSETS))
 
 
 # ----------------------------------------------------------------------------------------------- Sokoban

@@ -5,7 +5,7 @@ scaling), chosen from a Hugging Face checkpoint's config.json, loaded and saved 
 Around it:
   - `ByteTokenizer` / `load_tokenizer`: a built-in byte-level ChatML tokenizer for the `tiny` preset, or
     transformers' tokenizer for a real checkpoint; crl.py uses both through the same few methods.
-  - `Session` + `generate`: batched sampling over a preallocated KV cache. A Session keeps live multi-turn
+  - `Session` + `generate`: batched sampling over a KV cache written in place. A Session keeps live multi-turn
     conversations (one cache row each) so every turn prefills only its new tokens.
   - `Constraint`: per-row allowed completions (a token trie) that mask the logits while sampling; tokens
     the trie forces are appended without a sampling step (jump-forward).
@@ -216,8 +216,6 @@ class _CacheStep:
                                    # every row starts empty (causal over the new tokens)
     lengths: torch.Tensor = None   # decode: [B] cache length including the new token
 
-    mask_fresh_rows = False   # True: the masked path even for fresh rows (bench.py step --compare prefill)
-
     @classmethod
     def for_prefill(cls, session, rows: torch.Tensor, n: torch.Tensor, T: int) -> "_CacheStep":
         """rows[b] gets n[b] new tokens (right-padded to T) after the session's cached ones."""
@@ -226,7 +224,7 @@ class _CacheStep:
         positions = start[:, None] + steps
         wb, wt = (steps[None, :] < n[:, None]).nonzero(as_tuple=True)
         mask = None     # every row starts empty: causal attention over the new tokens needs no mask
-        if cls.mask_fresh_rows or bool(start.any()):
+        if bool(start.any()):
             end = start + n
             key = torch.arange(int(end.max()), device=rows.device)
             mask = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < end[:, None, None])
@@ -386,8 +384,8 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, hidden_only=False) -> torch.Tensor:
         """Logits [B, T, vocab]: the plain causal forward, no cache. hidden_only=True returns the final-norm
-        hidden states instead (what token_logprobs needs; going through forward keeps a DDP wrapper's
-        gradient synchronisation working)."""
+        hidden states instead (what token_logprobs needs: a call through forward runs FSDP2's pre-forward hook,
+        which gathers the root's sharded embed_tokens, norm and lm_head for the lm_head calls after it)."""
         h = self.hidden_states(input_ids, attention_mask, position_ids)
         return h if hidden_only else self.lm_head(h)
 
@@ -838,7 +836,7 @@ class _Stops:
 
 
 class Session:
-    """A batch of live multi-turn conversations sharing one preallocated KV cache.
+    """A batch of live multi-turn conversations sharing one KV cache.
 
     Row r holds one conversation. `lengths[r]` tokens of it have k/v in the cache; `pending[r]` are tokens
     already part of the conversation whose k/v are not computed yet (the last tokens of a turn's reply, the
@@ -846,15 +844,13 @@ class Session:
     next prefill). The cache is written in place; it grows (doubling, at most max_len) only when a turn
     needs more positions, so short windowed turns never pay for a long max_len. Rows not in a call cost
     nothing."""
-    preallocate = False   # True: the whole max_len at once, the path before (bench.py step --compare cache)
 
     def __init__(self, model: Transformer, max_batch: int, max_len: int):
         if max_batch < 1 or max_len < 1:
             raise ValueError(f"Session needs max_batch >= 1 and max_len >= 1, got {max_batch}, {max_len}")
-        model = getattr(model, "module", model)  # a DDP wrapper's model
         self.model, self.max_batch, self.max_len = model, max_batch, max_len
         self.k = self.v = None
-        self.reserve(max_len if self.preallocate else min(max_len, 256))
+        self.reserve(min(max_len, 256))
         self.lengths = torch.zeros(max_batch, dtype=torch.long, device=model.device)
         self.pending: dict[int, list[int]] = {}
 
@@ -1004,7 +1000,6 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
     Stops: EOS ids of the model config, ids in `stop`, and strings in `stop` (decoded with `tokenizer`).
     Stop rules apply while a row is unconstrained; a full-completion constraint ends the row itself.
     Randomness: `generator` (on the model's device) or `seed`; with neither, torch's global RNG."""
-    model = getattr(model, "module", model)  # a DDP wrapper's model
     sampling = Sampling(temperature, top_k, top_p)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -1082,7 +1077,6 @@ def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, temp
     Sample.logprobs. Only the masked positions go through lm_head, `chunk_size` rows at a time under
     activation checkpointing, so neither forward nor backward holds full-vocabulary logits for the batch."""
     sampling = Sampling(temperature, top_k, top_p)
-    core = getattr(model, "module", model)  # a DDP wrapper's model
     if tokens.dim() != 2 or mask.shape != tokens.shape:
         raise ValueError(f"tokens and mask must both be [B, T]; got {tuple(tokens.shape)} and {tuple(mask.shape)}")
     if allowed is not None and len(allowed) != tokens.shape[0]:
@@ -1092,10 +1086,10 @@ def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, temp
     bi, ti = m.nonzero(as_tuple=True)
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     if len(bi) == 0:
-        return out + 0 * core.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
+        return out + 0 * model.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
     h = model(tokens, hidden_only=True)[bi, ti - 1]   # [N, hidden]: the state that predicts each target
     where = _allowed_by_target(allowed, bi.tolist(), ti.tolist())
-    return out.index_put((bi, ti), _target_logprobs(core, h, tokens[bi, ti], where, sampling, chunk_size))
+    return out.index_put((bi, ti), _target_logprobs(model, h, tokens[bi, ti], where, sampling, chunk_size))
 
 
 def _allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> dict[int, list[int]]:
@@ -1107,13 +1101,13 @@ def _allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> di
             if (b, int(t)) in flat}
 
 
-def _target_logprobs(core, h, targets, where: dict, sampling: Sampling, chunk_size: int) -> torch.Tensor:
+def _target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_size: int) -> torch.Tensor:
     """[N] log-probs of targets given hidden states h [N, hidden], `chunk_size` rows of lm_head at a time,
     each chunk recomputed in the backward (checkpointing) instead of keeping its logits."""
-    V = core.config.vocab_size
+    V = model.config.vocab_size
 
     def chunk_lp(hc, tc, allow):
-        return selective_log_softmax(sampling.filter(core.lm_head(hc).float(), allow, keep=tc), tc)
+        return selective_log_softmax(sampling.filter(model.lm_head(hc).float(), allow, keep=tc), tc)
 
     parts = []
     for s in range(0, len(targets), chunk_size):

@@ -181,14 +181,16 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
     """Train one grid cell to its end (resuming from its checkpoint if it has one); final.json marks it done.
     Each cell is its own train.py process, so no memory or state carries over from one cell to the next."""
     out = run_dir(a.results, task, mode, seed)
+    argv = train_argv(task, mode, seed, out, a, extra)
+    check_same_flags(out, argv)
     if os.path.exists(os.path.join(out, "final.json")):
         return
     resume = os.path.exists(os.path.join(out, "ckpt", "state.pt"))
     if not resume and os.path.exists(out):
         shutil.rmtree(out)   # killed before its first checkpoint: nothing to keep
     print(f"== {task} {mode} seed {seed}: {'resuming' if resume else 'starting'} ({out})", flush=True)
-    argv = train_argv(task, mode, seed, out, a, extra) + (["--resume"] if resume else [])
-    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"), *argv]
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"), *argv,
+           *(["--resume"] if resume else [])]
     if a.jobs == 1:
         rc = subprocess.run(cmd).returncode
     else:   # cells side by side: each one's progress goes to its own log, not interleaved on the terminal
@@ -198,6 +200,20 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         sys.exit(f"error: {task} {mode} seed {seed} stopped (exit {rc}); run the same command again to resume it")
+
+
+def check_same_flags(out: str, argv: list[str]):
+    """A cell already in the folder was trained with the flags this grid would pass, or the grid stops: a table
+    must never mix budgets (settings added since it ran are not compared)."""
+    path = os.path.join(out, "args.json")
+    if not os.path.exists(path):
+        return
+    import train   # only here: the table needs no torch
+    saved, want = json.load(open(path)), vars(train.parse_args(argv))
+    diff = [k for k in sorted(want) if k not in ("out", "resume") and k in saved and saved[k] != want[k]]
+    if diff:
+        told = ", ".join(f"{k}: {saved[k]} here, {want[k]} asked" for k in diff)
+        sys.exit(f"error: {out} was trained with other flags ({told}); give the same flags, or another --results")
 
 
 def parse_args(argv=None):

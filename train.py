@@ -270,9 +270,10 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checkpoints: OUT/ckpt is the latest. A new one is written to ckpt.tmp, the old one moved to ckpt.old, the
-# new one renamed into place, and only then the old one deleted: a crash at any point leaves a complete
-# checkpoint in ckpt or ckpt.old, and recover_checkpoint() puts the latter back.
+# Checkpoints: OUT/ckpt is the latest. A new one is written to ckpt.tmp and flushed to disk, the old one moved
+# to ckpt.old, the new one renamed into place, the renames flushed, and only then the old one deleted: a crash
+# or power cut at any point leaves a complete checkpoint in ckpt or ckpt.old, and recover_checkpoint() puts
+# the latter back. This is the only place that makes files durable (the bank's files inside are plain).
 
 def save_checkpoint(run: crl.Run, out: str, step: int, args=None):
     """Every rank calls it: each keeps its own unrewarded extractor generations, and with --fsdp each holds a
@@ -302,11 +303,34 @@ def save_checkpoint(run: crl.Run, out: str, step: int, args=None):
         "ranks": ranks,
     }
     torch.save(state, os.path.join(tmp, "state.pt"))
+    fsync_tree(tmp)   # the other ranks' dcp shards too: dcp.save returned only once every rank had written
     if os.path.exists(final):
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
+    fsync(out)        # both renames on disk before the old checkpoint goes
     shutil.rmtree(old, ignore_errors=True)
+
+
+def fsync_tree(top: str):
+    """fsync every file under `top`, then every directory bottom-up, so that once `top` is renamed into
+    place, a power cut cannot leave a name pointing at data that never reached the disk."""
+    for root, _, files in os.walk(top, topdown=False):
+        for name in files:
+            fsync(os.path.join(root, name))
+        fsync(root)
+
+
+def fsync(path: str):
+    """Flush a file's data, or a directory's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not os.path.isdir(path):
+            raise   # some filesystems cannot flush a directory: its renames are then as durable as they make them
+    finally:
+        os.close(fd)
 
 
 def recover_checkpoint(out: str):
@@ -314,6 +338,7 @@ def recover_checkpoint(out: str):
     final, old = os.path.join(out, "ckpt"), os.path.join(out, "ckpt.old")
     if not os.path.exists(final) and os.path.exists(os.path.join(old, "state.pt")):
         os.replace(old, final)
+        fsync(out)
 
 
 def load_trainer_state(run: crl.Run, ckpt: str) -> int:
@@ -436,12 +461,12 @@ def open_run_dir(args):
         json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"), indent=1)
 
 
-def open_log(args, start: int):
-    """Rank 0's OUT/metrics.jsonl for appending; on --resume, lines of iterations after the checkpoint go."""
+def open_log(args, start: int, name: str = "metrics.jsonl"):
+    """Rank 0's OUT/NAME (a line a step) for appending; on --resume, lines of iterations after the checkpoint go."""
     if crl.rank() != 0:
         return None
-    path = os.path.join(args.out, "metrics.jsonl")
-    if args.resume:
+    path = os.path.join(args.out, name)
+    if args.resume and os.path.exists(path):
         kept = [line for line in open(path).read().splitlines() if json.loads(line)["step"] < start]
         open(path, "w").write("".join(line + "\n" for line in kept))
     return open(path, "a")
@@ -474,6 +499,15 @@ def report(args, metrics: dict, log, bar):
                      if k.startswith("train/") and isinstance(v, float)})
 
 
+def log_bank(run: crl.Run, log, step: int):
+    """A line of OUT/bank.jsonl at each evaluation: every lesson with its uses, successes and the step it was
+    written, so the bank's growth can be read afterwards (python -m probes.lessons OUT)."""
+    bank = run.manager.bank
+    lessons = {task: [[e.text, e.uses, e.successes, e.created] for e in bank.entries(task)] for task in bank.tasks()}
+    log.write(json.dumps({"step": step, "bank": lessons}) + "\n")
+    log.flush()
+
+
 def checkpoint(run: crl.Run, args, step: int):
     save_checkpoint(run, args.out, step, args)
     if crl.world() > 1:
@@ -489,6 +523,7 @@ def main(argv=None):
     open_run_dir(args)
     run, start = build(args, device, model_dtype(args, device))
     log = open_log(args, start)
+    bank_log = open_log(args, start, "bank.jsonl") if run.manager is not None else None
     save_every = args.save_every or args.eval_every   # 0: only after the last iteration
     steps = range(start, args.iters)
     if crl.rank() == 0:
@@ -497,6 +532,8 @@ def main(argv=None):
         metrics = iteration(run, args, step)
         if crl.rank() == 0:
             report(args, metrics, log, steps)
+            if run.manager is not None and "time/eval" in metrics:
+                log_bank(run, bank_log, step)
         if step == args.iters - 1 or (save_every and (step + 1) % save_every == 0):
             checkpoint(run, args, step)
     if args.final_eval_episodes:

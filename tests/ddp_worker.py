@@ -21,7 +21,7 @@ if sys.argv[1] == "train":
     torch.save({"actor": run.actor.state_dict(), "extractor": run.extractor.state_dict(), "bank": entries,
                 "keys": keys}, os.path.join(out, f"rank{rank}.pt"))
 else:
-    from test_train import fixed_segments  # noqa: E402
+    from test_train import bound_loss, fixed_segments  # noqa: E402
     from types import SimpleNamespace  # noqa: E402
     from model import Transformer  # noqa: E402
     dist.init_process_group("gloo")
@@ -30,7 +30,7 @@ else:
     segs, advs = fixed_segments(model)
     mine = list(range(rank, len(segs), dist.get_world_size()))
     crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), model, opt,
-                      [segs[i] for i in mine], [advs[i] for i in mine], sys.argv[3], 1.0)
+                      [segs[i] for i in mine], [advs[i] for i in mine], *bound_loss(sys.argv[3]), 1.0)
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(sys.argv[2], "update.pt"))
     dist.barrier()  # tear down together: a rank leaving while the other still saves once aborted in gloo

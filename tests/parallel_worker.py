@@ -21,7 +21,7 @@ import crl  # noqa: E402
 import parallel  # noqa: E402
 import train  # noqa: E402
 from model import Transformer, generate  # noqa: E402
-from test_train import FAST, fixed_segments  # noqa: E402
+from test_train import FAST, bound_loss, fixed_segments  # noqa: E402
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 CPU = torch.device("cpu")
@@ -41,7 +41,8 @@ def gathered(model) -> dict:
 def update(model, opt, which, objective="grpo", micro_batch=2):
     segs, advs = fixed_segments(Transformer.tiny(seed=0))   # the same episodes on every rank
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=micro_batch))
-    return crl.policy_update(holder, model, opt, [segs[i] for i in which], [advs[i] for i in which], objective, 1.0)
+    return crl.policy_update(holder, model, opt, [segs[i] for i in which], [advs[i] for i in which],
+                             *bound_loss(objective), 1.0)
 
 
 def units(out):

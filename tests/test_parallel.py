@@ -12,7 +12,7 @@ import torch
 import crl
 import parallel
 from model import Transformer, generate, rope_inv_freq
-from test_train import FAST, _torchrun, fixed_segments, read_metrics, single_process_update, strip_times
+from test_train import FAST, _torchrun, bound_loss, fixed_segments, read_metrics, single_process_update, strip_times
 
 WORKER = "parallel_worker.py"
 
@@ -22,7 +22,8 @@ def adamw_delta(model, lr=1e-6) -> torch.Tensor:
     before = torch.cat([p.detach().float().flatten() for p in model.parameters()])
     segs, advs = fixed_segments(Transformer.tiny(seed=0))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), model, opt, segs, advs, "grpo", 1.0)
+    holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
+    crl.policy_update(holder, model, opt, segs, advs, *bound_loss("grpo"), 1.0)
     return torch.cat([p.detach().float().flatten() for p in model.parameters()]) - before
 
 

@@ -84,6 +84,8 @@ def test_grid_cell_end_to_end(tmp_path, capsys):
     reproduce.main(argv)
     assert json.load(open(out / "final.json")) == final    # the same held-out seeds and sampling noise
     assert "resuming" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="iters: 2 here, 3 asked"):   # never mixed into a grid of another budget
+        reproduce.main([*argv[:argv.index("--")], "--", *tiny, "--iters", "3"])
 
 
 def test_cells_side_by_side_equal_cells_one_at_a_time(tmp_path):

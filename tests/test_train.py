@@ -1,5 +1,6 @@
 """End to end: train.py on tiny models in every mode, --resume, bad input, DDP with torchrun, and free-text
 mode on HF checkpoints (written with transformers) including search_and_ask."""
+import functools
 import json
 import os
 import subprocess
@@ -37,6 +38,12 @@ def test_two_iterations_every_mode(tmp_path, mode):
         assert r["time/generate"] > 0 and 1 <= r["turns"] <= 3   # --max-steps 3 reaches every env
         assert ("train/room/success_exp" in r) == (mode != "grpo")
     assert os.path.exists(os.path.join(out, "curve.png"))
+    if mode == "grpo":   # a bank mode logs its whole bank at each evaluation (python -m probes.lessons reads it)
+        assert not os.path.exists(os.path.join(out, "bank.jsonl"))
+    else:
+        snaps = [json.loads(line) for line in open(os.path.join(out, "bank.jsonl"))]
+        assert [s["step"] for s in snaps] == [0, 1]
+        assert sum(map(len, snaps[-1]["bank"].values())) == len(run.manager.bank)
     ckpt = os.path.join(out, "ckpt")
     assert os.path.exists(os.path.join(ckpt, "actor", "config.json")) and os.path.exists(os.path.join(ckpt, "state.pt"))
     if mode == "grpo":
@@ -254,12 +261,20 @@ def fixed_segments(model, n=6, seed=0):
     return segs, advs
 
 
+def bound_loss(name: str, cfg=crl.CRLConfig()) -> tuple:
+    """(loss_fn, clip_range) bound as actor_update (grpo) or extractor_update (cispo) binds them."""
+    if name == "grpo":
+        return functools.partial(crl.grpo_loss, clip=cfg.clip, agg=cfg.loss_agg), (1 - cfg.clip, 1 + cfg.clip)
+    return (functools.partial(crl.cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high, agg=cfg.loss_agg),
+            (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high))
+
+
 def single_process_update(objective):
     model = Transformer.tiny(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
-    crl.policy_update(holder, model, opt, segs, advs, objective, 1.0)
+    crl.policy_update(holder, model, opt, segs, advs, *bound_loss(objective), 1.0)
     return model
 
 

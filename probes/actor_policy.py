@@ -6,7 +6,7 @@ scored as the trainer scores it).
 
 Reports: the probability of the right move when the stairs are one move away (the stairs-stepper plays it
 with probability 1), and, with nothing in view, the policy's largest probability and its entropy as a share
-of the uniform policy's. Run: python results/actor_policy.py RUN_DIR [EPISODES]
+of the uniform policy's. Run: python -m probes.actor_policy RUN_DIR [EPISODES]
 """
 import collections
 import math
@@ -15,33 +15,16 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import crl     # noqa: E402
-import envs    # noqa: E402
-import train   # noqa: E402
-from bank_value import ONE_MOVE   # noqa: E402   (results/, the script's own folder)
-from model import Transformer, load_tokenizer, token_logprobs   # noqa: E402
+import crl
+import envs
+import train
+from model import Transformer, load_tokenizer
+from probes import ONE_MOVE, policy
 
 
-def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
-    """The constrained policy over `actions` after the prompt tokens: each reply token is scored by
-    model.token_logprobs among the tokens the actions allow after its prefix."""
-    replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
-    tokens, mask, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
-    allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
-                for j in range(len(reply))} for reply in replies]
-    with torch.no_grad():
-        return token_logprobs(model, tokens, mask, allowed=allowed).sum(1).exp()
-
-
-def segment(prompt, reply) -> crl.Segment:
-    s = crl.Segment()
-    s.extend(prompt)
-    s.extend(reply, mask=True)
-    return s
-
-
-def main(run_dir: str, episodes: int = 40):
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir, episodes = argv[0], int(argv[1]) if len(argv) > 1 else 40
     model = Transformer.from_pretrained(os.path.join(run_dir, "ckpt", "actor"), dtype=torch.float32).eval()
     tok = load_tokenizer("tiny")
     env = envs.make("room", show_map=False, max_steps=train.TINY["max_steps"])
@@ -65,4 +48,4 @@ def main(run_dir: str, episodes: int = 40):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *map(int, sys.argv[2:3]))
+    main()

@@ -3,32 +3,30 @@
 Scripted policies play the 256 held-out room starts (EVAL_SEED0..., the tiny preset's 10 actions, no map):
   - the stepper with skill q: when the stairs are one move away it steps onto them with probability q, else
     (and with nothing in view) a move from the walk. q = 1 is the README's stairs-stepper; a trained tiny
-    actor's q is what results/actor_policy.py reads (0.45 after 120 grpo iterations, 0.52 after 270);
+    actor's q is what probes.actor_policy reads (0.45 after 120 grpo iterations, 0.52 after 270);
   - walks for the other turns: uniform over the 8 moves, diagonals only, and a walk that repeats its last
     move with probability p (one move of memory, for contrast);
   - "toward": also steps toward stairs seen further away.
-Each row is played with two random streams (1 and 2) on the same starts.  Run: python results/memoryless.py
+Each row is played with two random streams (1 and 2) on the same starts.  Run: python -m probes.memoryless [EVAL_STARTS]
 """
 import os
 import random
 import re
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import crl     # noqa: E402
-import envs    # noqa: E402
-import train   # noqa: E402
-from bank_value import ONE_MOVE   # noqa: E402   (results/, the script's own folder)
+import crl
+import envs
+import train
+from probes import ONE_MOVE
 
-EVAL = 256
 SEEN = re.compile(r"stairs down \(>\): \d+ (\w+)", re.M)
 
 
-def play(env, q: float, walk, toward: bool = False, stream: int = 1) -> float:
+def play(env, q: float, walk, toward: bool = False, stream: int = 1, starts: int = 256) -> float:
     """Held-out success of the policy: the stairs one move away -> that move w.p. q; stairs further and
     `toward` -> the first move toward them; else walk(rng, last move)."""
     rng, wins = random.Random(stream), 0
-    for s in range(EVAL):
+    for s in range(starts):
         obs, done, last, info = env.reset(seed=crl.EVAL_SEED0 + s), False, None, {}
         while not done:
             near, seen = ONE_MOVE.search(obs), SEEN.search(obs)
@@ -37,10 +35,10 @@ def play(env, q: float, walk, toward: bool = False, stream: int = 1) -> float:
             obs, _, done, info = env.step(move)
             last = move
         wins += bool(info.get("success"))
-    return wins / EVAL
+    return wins / starts
 
 
-def main():
+def main(starts: int = 256):
     env = envs.make("room", max_steps=train.TINY["max_steps"], show_map=False)
     moves = env.actions
     walks = {"uniform": lambda rng, last: rng.choice(moves),
@@ -50,11 +48,11 @@ def main():
     for name, walk in walks.items():
         for q in (0.0, 0.5, 0.75, 0.9, 1.0):
             print(f"walk {name:20s} q {q:.2f}: held-out success "
-                  f"{play(env, q, walk):.3f} {play(env, q, walk, stream=2):.3f}")
+                  f"{play(env, q, walk, starts=starts):.3f} {play(env, q, walk, stream=2, starts=starts):.3f}")
     for name in ("uniform", "diagonal"):
         print(f"walk {name:20s} q 1.00, toward stairs seen further: "
-              f"{play(env, 1.0, walks[name], True):.3f} {play(env, 1.0, walks[name], True, 2):.3f}")
+              f"{play(env, 1.0, walks[name], True, 1, starts):.3f} {play(env, 1.0, walks[name], True, 2, starts):.3f}")
 
 
 if __name__ == "__main__":
-    main()
+    main(*map(int, sys.argv[1:2]))

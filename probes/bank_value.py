@@ -8,7 +8,7 @@ retrieval key (instruction + first view with the map, crl's --query-map) embedde
 all-MiniLM-L6-v2.
 Held-out side: the 256 evaluation starts (EVAL_SEED0...), each played by the stepper whose first move is the
 top-1 retrieved lesson with probability FOLLOW. The same per-start random stream drives every arm, so the
-arms differ only where the lesson is followed.  Run: python results/bank_value.py [TRAIN_STARTS]
+arms differ only where the lesson is followed.  Run: python -m probes.bank_value [TRAIN_STARTS] [EVAL_STARTS]
 """
 import collections
 import os
@@ -18,14 +18,13 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
-import bank  # noqa: E402
-import crl  # noqa: E402
-import envs  # noqa: E402
-import train  # noqa: E402
+import bank
+import crl
+import envs
+import train
+from probes import ONE_MOVE
 
-STEPS, EVAL = train.TINY["max_steps"], 256
-ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)
+STEPS = train.TINY["max_steps"]
 
 
 def stepper_move(obs: str, rng: random.Random, actions) -> str:
@@ -58,7 +57,7 @@ def inward(pos: tuple, centre: list) -> list[str]:
     return moves
 
 
-def main(train_starts: int = 2048):
+def main(train_starts: int = 2048, evals: int = 256):
     torch.set_num_threads(1)
     env = envs.make("room", max_steps=STEPS, show_map=False)
     lessons, keys, by_pos, train_pos = [], [], {}, []
@@ -71,8 +70,8 @@ def main(train_starts: int = 2048):
             by_pos.setdefault(pos, collections.Counter())[move] += 1
     embed = bank.Embedder()
     bank_vecs = embed(keys)
-    no_lesson = [play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1)) for s in range(EVAL)]
-    print(f"no lesson (the stepper): held-out success {sum(r[3] for r in no_lesson) / EVAL:.3f}")
+    no_lesson = [play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1)) for s in range(evals)]
+    print(f"no lesson (the stepper): held-out success {sum(r[3] for r in no_lesson) / evals:.3f}")
     print(f"{len(lessons)} lessons from {train_starts} training starts "
           f"(stepper success {len(lessons) / train_starts:.3f})")
     starts = [r[:2] for r in no_lesson]
@@ -85,9 +84,9 @@ def main(train_starts: int = 2048):
             "moves to the centre from the true start (oracle)": [inward(p, centre) for _, p in starts]}
     for name, plans in arms.items():
         for follow in (0.5, 1.0):
-            wins = sum(play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1), plans[s], follow)[3] for s in range(EVAL))
-            print(f"{name}, follow {follow:.1f}: held-out success {wins / EVAL:.3f}")
+            wins = sum(play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1), plans[s], follow)[3] for s in range(evals))
+            print(f"{name}, follow {follow:.1f}: held-out success {wins / evals:.3f}")
 
 
 if __name__ == "__main__":
-    main(*map(int, sys.argv[1:]))
+    main(*map(int, sys.argv[1:3]))

@@ -3,7 +3,7 @@ success with minus without experience over each half of the run, the extractor's
 pool instance, where its stairs are from the start, and which lessons of the run's final bank sit under that
 instance's retrieval key, with how often they were used and how often that use succeeded.
 
-    python results/pool_lessons.py results/probe-p6/learn [N]
+    python -m probes.pool_lessons results/probe-p6/learn [N]
 
 The dark room hides the stairs from the start, so they are found by random walks from the same seeded start
 (the episode is reproducible: the step onto the stairs gives their position). Env and embedder only.
@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import crl  # noqa: E402
-import envs  # noqa: E402
-import reproduce  # noqa: E402
-from bank import Embedder, ExperienceBank  # noqa: E402
+import crl
+import envs
+import reproduce
+from bank import Embedder, ExperienceBank
 
 def find_stairs(env, seed: int, rng, walks: int = 300) -> tuple | None:
     """The stairs' (x, y): random walks from the seeded start until one steps onto them."""

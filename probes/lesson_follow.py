@@ -1,10 +1,10 @@
 """How often an actor plays the move a lesson names, on held-out room starts: the probe of whether lessons
-can reach the actor at all (issue 21). Run: python results/lesson_follow.py [--run RUN_DIR] [--starts N]
+can reach the actor at all (issue 21). Run: python -m probes.lesson_follow [--run RUN_DIR] [--starts N]
 [--moves-before K] [train.py flags that shape the prompt: --actor, --lesson-turn, --no-map, ...].
 
 For each of N held-out starts (EVAL_SEED0...), after K random moves played in the episode's context (the
 whole episode, or the --history window, as rollouts build it), it reads the actor's exact constrained
-policy over the 8 moves (results/actor_policy.py) with no lesson, and with each one-move lesson `MOVE` (what
+policy over the 8 moves (probes.policy) with no lesson, and with each one-move lesson `MOVE` (what
 the extractor writes with --lesson-moves 1), placed where the settings put it. Reports P(move | lesson
 names it) against P(move | no lesson), and per move. With --run, the run's flags and trained actor.
 """
@@ -12,16 +12,14 @@ import argparse
 import json
 import os
 import random
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import crl     # noqa: E402
-import envs    # noqa: E402
-import train   # noqa: E402
-from actor_policy import policy   # noqa: E402   (results/, the script's own folder)
-from model import Transformer, load_tokenizer   # noqa: E402
+import crl
+import envs
+import train
+from model import Transformer, load_tokenizer
+from probes import policy
 
 
 def prompt_tokens(tok, cfg, env, history: list, obs: str, lesson: list[str]) -> list[int]:
@@ -36,12 +34,12 @@ def prompt_tokens(tok, cfg, env, history: list, obs: str, lesson: list[str]) -> 
     return crl.encode_chat(tok, crl.window_messages(system, history, obs, h))
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", help="a run directory: its flags (args.json) and its trained actor (ckpt/actor)")
     p.add_argument("--starts", type=int, default=24)
     p.add_argument("--moves-before", type=int, default=0, help="random moves played before the turn measured")
-    mine, rest = p.parse_known_args()
+    mine, rest = p.parse_known_args(argv)
     args = train.parse_args(rest)
     if mine.run:
         vars(args).update(json.load(open(os.path.join(mine.run, "args.json"))))

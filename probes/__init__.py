@@ -1,0 +1,39 @@
+"""Probes: small measurements that ask why a run did what it did. Each is a module run from the repository
+root with `python -m probes.NAME ...`; tests/test_probes.py runs each on a tiny setting. Their findings are
+in results/README.md and results/probes.md.
+
+    lesson_follow   P(move | a one-move lesson names it): does a lesson reach the actor? (issue 21)
+    lessons         a run's bank: each lesson, its uses and success when used, and how the bank grew
+    actor_policy    a trained tiny actor's exact constrained policy by what is in view (p7)
+    bank_value      what a bank of "first move of the nearest success" lessons can carry in room (p5)
+    memoryless      the ceiling of memoryless room policies around the stairs-stepper (p8)
+    pool_lessons    a finite-pool run's lessons per pool instance (p6)
+
+Shared here: reading the words view (`ONE_MOVE`) and an actor's exact constrained policy (`policy`).
+"""
+import re
+
+import torch
+
+import crl
+from model import token_logprobs
+
+ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)   # the stairs one move away, in the words view
+
+
+def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
+    """The constrained policy over `actions` after the prompt tokens, exactly: each reply token is scored by
+    model.token_logprobs among the tokens the actions allow after its prefix (what `generate` samples from)."""
+    replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
+    tokens, mask, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
+    allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
+                for j in range(len(reply))} for reply in replies]
+    with torch.no_grad():
+        return token_logprobs(model, tokens, mask, allowed=allowed).sum(1).exp()
+
+
+def segment(prompt: list[int], reply: list[int]) -> crl.Segment:
+    s = crl.Segment()
+    s.extend(prompt)
+    s.extend(reply, mask=True)
+    return s

@@ -1,0 +1,96 @@
+"""probes/: each probe runs on a tiny setting as `python -m probes.NAME` would run it, and the two shared pieces
+are checked against independent references: `probes.policy` against a softmax over the allowed ids written
+here, and the lesson viewer's counts against the bank itself."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import crl
+import envs
+import train
+from bank import ExperienceBank
+from model import Transformer, load_tokenizer
+from probes import ONE_MOVE, actor_policy, bank_value, lesson_follow, lessons, memoryless, policy, pool_lessons
+from test_train import FAST
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished tiny crl run of 2 iterations, evaluated after each (so bank.jsonl has two snapshots)."""
+    out = str(tmp_path_factory.mktemp("probe") / "run")
+    train.main(["--tasks", "room", "--mode", "crl", "--iters", "2", "--out", out, *FAST])
+    return out
+
+
+def test_policy_is_the_constrained_softmax():
+    model, tok = Transformer.tiny(seed=0).eval(), load_tokenizer("tiny")
+    actions = ("north", "northeast", "south")            # shared prefixes: 'north' then its end or 'east'
+    prompt = tok.encode("you see stairs", add_special_tokens=False)
+    got = policy(model, tok, prompt, actions)
+    want = []
+    for a in actions:
+        reply = tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
+        p = 1.0
+        for j, t in enumerate(reply):
+            allowed = sorted({r[j] for r in (tok.encode(b, add_special_tokens=False) + [tok.eos_token_id]
+                                             for b in actions) if r[:j] == reply[:j] and len(r) > j})
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + reply[:j]]))[0, -1].float()
+            p *= torch.softmax(logits[allowed], 0)[allowed.index(t)].item()
+        want.append(p)
+    assert torch.allclose(got, torch.tensor(want), atol=1e-5)
+    assert abs(got.sum().item() - 1) < 1e-5
+
+
+def test_one_move_reads_the_words_view():
+    env = envs.make("room", show_map=False, max_steps=10)
+    for seed in range(200):
+        obs = env.reset(seed=seed)
+        m = ONE_MOVE.search(obs)
+        if m:   # stepping that way wins at once
+            assert env.step(m.group(1))[3]["success"]
+            return
+    pytest.fail("no start with the stairs one move away in 200 seeds")
+
+
+def test_lesson_follow(run_dir, capsys):
+    lesson_follow.main(["--run", run_dir, "--starts", "2"])
+    out = capsys.readouterr().out
+    assert "P(move | no lesson) 0.125" in out                # 8 moves' probabilities average 1/8 exactly
+    assert sum(line.strip().split(":")[0] in envs.MOVE_OFFSETS for line in out.splitlines()) == 8
+
+
+def test_lessons_viewer_counts_the_bank(run_dir, capsys):
+    final = lessons.show(run_dir, top=50)
+    out = capsys.readouterr().out
+    bank = ExperienceBank.load(os.path.join(run_dir, "ckpt", "bank"))
+    assert {t: len(rows) for t, rows in final.items()} == {t: bank.size(t) for t in bank.tasks()}
+    for task in bank.tasks():
+        assert f"{task}: {bank.size(task)} lessons at the last checkpoint" in out
+        uses = sum(t["uses"] for _, t in lessons.by_text(final[task]))
+        assert uses == sum(e.uses for e in bank.entries(task))
+    snaps = [json.loads(line) for line in open(os.path.join(run_dir, "bank.jsonl"))]
+    assert [s["step"] for s in snaps] == [0, 1] and "(bank.jsonl)" in out
+    assert os.path.exists(os.path.join(run_dir, "lessons.png"))
+
+
+def test_actor_policy(run_dir, capsys):
+    actor_policy.main([run_dir, "2"])
+    assert "over 2 held-out episodes" in capsys.readouterr().out
+
+
+def test_pool_lessons(run_dir, capsys):
+    pool_lessons.main(Path(run_dir), 2)
+    out = capsys.readouterr().out
+    assert "seed 0: stairs" in out and "seed 1: stairs" in out
+
+
+def test_memoryless_and_bank_value(capsys):
+    memoryless.main(4)
+    assert sum("held-out success" in line or "toward" in line for line in capsys.readouterr().out.splitlines()) == 22
+    bank_value.main(train_starts=8, evals=4)
+    out = capsys.readouterr().out
+    assert "no lesson (the stepper): held-out success" in out and out.count("follow") == 8
