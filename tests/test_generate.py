@@ -223,6 +223,30 @@ def test_sampled_logprobs_equal_token_logprobs(tiny, kw):
     assert out[2].allowed[0] is not None and out[2].allowed[-1] is None  # head, then free text
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_constrained_logprobs_are_the_softmax_over_the_allowed_ids(tiny, temperature):
+    """An independent reference for the sampler's constrained log-probs: at each reply position the allowed ids
+    are the next tokens of the words whose prefix matches (worked out here from the word list), and the
+    log-prob is the log-softmax of the plain forward's logits over just those ids, at the temperature (greedy
+    is scored at temperature 1 and takes the likeliest allowed id). A forced token has log-prob 0."""
+    tok = ByteTokenizer()
+    words = ["north", "northeast", "south", "n"]
+    replies = [tok.encode(w) + [tok.eos_token_id] for w in words]
+    prompts = [tok.encode(t) for t in ("go ", "<|im_start|>user\nwhere?<|im_end|>\n", "x", "stairs: 1 ")]
+    cons = [Constraint.from_strings(tok, words)] * len(prompts)
+    out = generate(tiny, prompts, 16, temperature=temperature, constraint=cons, seed=3)
+    for p, s in zip(prompts, out):
+        assert s.tokens in replies
+        for j, t in enumerate(s.tokens):
+            allowed = sorted({r[j] for r in replies if r[:j] == s.tokens[:j] and len(r) > j})
+            with torch.no_grad():
+                z = tiny(torch.tensor([p + s.tokens[:j]]))[0, -1].float()[allowed]
+            ref = torch.log_softmax(z / (temperature or 1.0), 0)[allowed.index(t)].item()
+            assert s.logprobs[j] == pytest.approx(ref, abs=1e-4), (words, j)
+            if temperature == 0:
+                assert t == allowed[int(z.argmax())]
+
+
 def test_token_logprobs_grad_and_chunking(tiny):
     g = G(5)
     toks = torch.randint(0, 256, (3, 30), generator=g)
