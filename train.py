@@ -12,6 +12,7 @@ command line is generated from those fields; the TINY preset overrides some wher
 """
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -543,7 +544,15 @@ def main(argv=None):
 
 
 def final_evaluation(run: crl.Run, args):
-    """OUT/final.json: held-out success of the finished run on --final-eval-episodes (reproduce.py's table)."""
+    """OUT/final.json: held-out success of the finished run on --final-eval-episodes (reproduce.py's table).
+    Training is over and checkpointed, so the optimizers' state and the gradients are freed first: the
+    evaluation's KV caches need the room (a SmolLM2 crl cell's final evaluation outgrew 24 GB beside them and
+    fit in a fresh process)."""
+    run.actor_opt = run.extractor_opt = None
+    for model in (run.actor, run.extractor):
+        if model is not None:
+            model.zero_grad(set_to_none=True)
+    gc.collect()
     metrics = {"step": args.iters - 1, "episodes": args.final_eval_episodes,
                **crl.evaluate(run, args.tasks, args.final_eval_episodes)}
     if crl.rank() == 0:
