@@ -75,7 +75,7 @@ def draw(run: str, final: dict, snaps: list, top: int):
         steps = [s for s, _ in snaps]
         for text, _ in by_text(final[task])[:min(top, 8)]:
             share = [sum(r[0] == text for r in b.get(task, [])) / max(len(b.get(task, [])), 1) for _, b in snaps]
-            ax.plot(steps, share, marker="o", label=text[:40])
+            ax.plot(steps, share, marker="o", label=text[:40] if text[:40].isprintable() else repr(text[:40]))
         ax.set(title=f"{task}: share of the bank", xlabel="step", ylabel="share of lessons", ylim=(0, 1))
         ax.legend(fontsize=7)
     fig.tight_layout()
