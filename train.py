@@ -459,7 +459,9 @@ def open_run_dir(args):
         sys.exit(f"error: --out {args.out} is a file; choose a directory")
     if crl.rank() == 0:   # on --resume, the flags given again are the run's from now on
         os.makedirs(args.out, exist_ok=True)
-        json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"), indent=1)
+        path = os.path.join(args.out, "args.json")   # replaced whole: another rank may be reading it
+        json.dump(vars(args), open(path + ".tmp", "w"), indent=1)
+        os.replace(path + ".tmp", path)
 
 
 def open_log(args, start: int, name: str = "metrics.jsonl"):
