@@ -194,6 +194,11 @@ class ExperienceBank:
             part = self._parts.get(task)
             return [] if part is None else [self._entries[i] for i in part.order]
 
+    def lessons(self) -> dict[str, list[list]]:
+        """Every task's lessons, oldest first, as [text, uses, successes, step written] rows: what train.py
+        logs to bank.jsonl at each evaluation and probes.lessons reads."""
+        return {task: [[e.text, e.uses, e.successes, e.created] for e in self.entries(task)] for task in self.tasks()}
+
     def key(self, id) -> torch.Tensor | None:
         with self.lock:
             e = self._entries.get(id)

@@ -193,21 +193,20 @@ def parse_args(argv=None):
     add_flags(p, RunConfig)
     add_flags(p, crl.CRLConfig)
     given = vars(p.parse_args(argv))
-    saved = saved_flags(p, given) if given.get("resume") else {}
+    saved = saved_flags(p, given, defaults) if given.get("resume") else {}
     args = argparse.Namespace(**{**defaults, **presets({**saved, **given}), **saved, **given})
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     check(p, args)
     return args
 
 
-def saved_flags(p, given: dict) -> dict:
+def saved_flags(p, given: dict, defaults: dict) -> dict:
     """--resume: the run's flags from OUT/args.json; flags given again on the command line win over them."""
     path = os.path.join(given.get("out") or "", "args.json")
     if not given.get("out") or not os.path.exists(path):
         p.error(f"--resume: no run in {given.get('out')} (no args.json, no checkpoint); run without --resume to "
                 "start one")
-    known = {dest for cls in (RunConfig, crl.CRLConfig) for dest, _ in flat_fields(cls)} - {"resume"}
-    saved = {k: v for k, v in json.load(open(path)).items() if k in known}
+    saved = {k: v for k, v in json.load(open(path)).items() if k in defaults and k != "resume"}
     if "tasks" in saved:
         saved["tasks"] = ",".join(saved["tasks"])
     return saved
@@ -505,9 +504,7 @@ def report(args, metrics: dict, log, bar):
 def log_bank(run: crl.Run, log, step: int):
     """A line of OUT/bank.jsonl at each evaluation: every lesson with its uses, successes and the step it was
     written, so the bank's growth can be read afterwards (python -m probes.lessons OUT)."""
-    bank = run.manager.bank
-    lessons = {task: [[e.text, e.uses, e.successes, e.created] for e in bank.entries(task)] for task in bank.tasks()}
-    log.write(json.dumps({"step": step, "bank": lessons}) + "\n")
+    log.write(json.dumps({"step": step, "bank": run.manager.bank.lessons()}) + "\n")
     log.flush()
 
 
@@ -535,7 +532,7 @@ def main(argv=None):
         metrics = iteration(run, args, step)
         if crl.rank() == 0:
             report(args, metrics, log, steps)
-            if run.manager is not None and "time/eval" in metrics:
+            if bank_log and "time/eval" in metrics:
                 log_bank(run, bank_log, step)
         if step == args.iters - 1 or (save_every and (step + 1) % save_every == 0):
             checkpoint(run, args, step)

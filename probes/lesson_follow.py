@@ -9,7 +9,6 @@ the extractor writes with --lesson-moves 1), placed where the settings put it. R
 names it) against P(move | no lesson), and per move. With --run, the run's flags and trained actor.
 """
 import argparse
-import json
 import os
 import random
 
@@ -40,9 +39,7 @@ def main(argv=None):
     p.add_argument("--starts", type=int, default=24)
     p.add_argument("--moves-before", type=int, default=0, help="random moves played before the turn measured")
     mine, rest = p.parse_known_args(argv)
-    args = train.parse_args(rest)
-    if mine.run:
-        vars(args).update(json.load(open(os.path.join(mine.run, "args.json"))))
+    args = train.parse_args([*rest, "--out", mine.run, "--resume"] if mine.run else rest)   # the run's flags
     cfg = train.config_from(args)
     spec = os.path.join(mine.run, "ckpt", "actor") if mine.run else args.actor
     model, tok = Transformer.from_pretrained(spec, dtype=torch.float32).eval(), load_tokenizer(spec)

@@ -29,8 +29,7 @@ def by_text(rows: list[list]) -> list[tuple[str, dict]]:
 
 
 def final_bank(run: str) -> dict[str, list[list]]:
-    bank = ExperienceBank.load(os.path.join(run, "ckpt", "bank"))
-    return {task: [[e.text, e.uses, e.successes, e.created] for e in bank.entries(task)] for task in bank.tasks()}
+    return ExperienceBank.load(os.path.join(run, "ckpt", "bank")).lessons()
 
 
 def history(run: str, final: dict) -> list[tuple[int, dict]]:

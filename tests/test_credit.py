@@ -7,19 +7,14 @@ import torch
 
 import crl
 from bank import ExperienceBank, ExperienceManager, Operation
-from model import Transformer, load_tokenizer
 from test_bank import HashEmbedder
+from test_paths import tiny_run
 
 
 def make_run(**settings) -> crl.Run:
-    cfg = crl.CRLConfig(**{"extractor_batch": 3, "extractor_reply_tokens": 8, **settings})
-    tok, emb = load_tokenizer("tiny"), HashEmbedder()
-    extractor = Transformer.tiny(seed=1)
-    run = crl.Run(cfg, ["room"], 0, Transformer.tiny(seed=0), tok, None, extractor, tok,
-                  torch.optim.SGD(extractor.parameters(), lr=0.0), ExperienceManager(ExperienceBank(emb.dim), emb,
-                                                                                        sync=True))
-    run.timer = {"extractor": 0.0, "extractor_update": 0.0}
-    return run
+    emb = HashEmbedder()
+    return tiny_run(ExperienceManager(ExperienceBank(emb.dim), emb, sync=True),
+                    **{"extractor_batch": 3, "extractor_reply_tokens": 8, **settings})
 
 
 def generation(run, gid: int, credits=()) -> crl.Generation:

@@ -14,12 +14,13 @@ from test_bank import HashEmbedder
 
 
 def tiny_run(manager=None, **settings) -> crl.Run:
+    """A Run of the tiny actor (seed 0) and extractor (seed 1), actions constrained, no optimizers."""
     cfg = crl.CRLConfig(**{"free_text": False, "instructions": False, "show_map": False, "max_steps": 10,
                            "max_reply_tokens": 16, **settings})
     tok = load_tokenizer("tiny")
     run = crl.Run(cfg, ["room"], 0, Transformer.tiny(seed=0), tok, None, Transformer.tiny(seed=1), tok, None,
                   manager)
-    run.timer = {"generate": 0.0, "env": 0.0, "extractor": 0.0}
+    run.timer = {"generate": 0.0, "env": 0.0, "extractor": 0.0, "extractor_update": 0.0}
     return run
 
 
