@@ -408,6 +408,31 @@ def bench_env(a):
     queries = [g["instruction_text"].lower() for g in shop.goals[:200]]
     _, search = _timed(lambda: [webshop.search_index().search(webshop.analyze(q), 50) for q in queries])
     print(f"{'webshop':10s} {rate:10.0f} {'-':>10s} {'-':>9s}   (search {search / len(queries) * 1e3:.2f} ms/query)")
+    workers = a.workers or os.cpu_count()
+    print(f"\nan iteration's environment phase: {a.episodes} episodes reset, then {a.phase_steps} random valid steps "
+          f"each in lockstep\n(seconds; in the trainer's process vs {workers} worker processes, --env-workers)")
+    print(f"{'task':10s} {'serial':>9s} {'workers':>9s} {'speed-up':>9s} {'resets/s':>17s} {'steps/s':>17s}")
+    for task in a.phase_tasks.split(","):
+        (s_reset, s_step), (w_reset, w_step) = (_env_phase(task, n, a.episodes, a.phase_steps) for n in (0, workers))
+        steps = a.episodes * a.phase_steps
+        print(f"{task:10s} {s_reset + s_step:9.2f} {w_reset + w_step:9.2f} {(s_reset + s_step) / (w_reset + w_step):8.2f}x"
+              f" {a.episodes / s_reset:8.1f}>{a.episodes / w_reset:<8.1f} {steps / s_step:8.0f}>{steps / w_step:<8.0f}")
+
+
+def _env_phase(task, workers, episodes, steps):
+    """Seconds to reset `episodes` games and step them `steps` times with seeded random valid actions, all at
+    once as a rollout does (games made beforehand, not timed). An episode that ends is not stepped again."""
+    import crl
+    pool = crl.EnvPool(workers=workers)
+    games = [pool.take(task) for _ in range(episodes)]
+    _, reset = _timed(lambda: pool.reset_all(games, list(range(episodes))))
+    rng, playing, spent = random.Random(0), games, 0.0
+    for _ in range(steps):
+        replies = [rng.choice(g.actions) for g in playing]
+        results, dt = _timed(lambda: pool.step_all(playing, replies))
+        spent += dt
+        playing = [g for g, (_, _, done, _) in zip(playing, results) if not done]
+    return reset, spent
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -696,8 +721,13 @@ def parse_args(argv=None):
     b.add_argument("--seconds", type=float, default=2.0, help="duration of each writer-overhead phase")
     b.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave as is)")
 
-    e = sub.add_parser("env", help="text env steps/s vs the raw MiniHack env; Sokoban steps/s")
+    e = sub.add_parser("env", help="text env steps/s vs the raw MiniHack env; Sokoban steps/s; an iteration's "
+                                   "environment phase in worker processes vs serial")
     e.add_argument("--steps", type=int, default=2000, help="random-action steps per env")
+    e.add_argument("--phase-tasks", default="alfworld,room", help="tasks of the environment-phase comparison")
+    e.add_argument("--episodes", type=int, default=64, help="episodes of the environment phase")
+    e.add_argument("--phase-steps", type=int, default=10, help="steps of each episode in the environment phase")
+    e.add_argument("--workers", type=int, default=0, help="worker processes (0: one per core)")
 
     sub.add_parser("kernels", help="Triton kernels vs torch references (CUDA only)")
 

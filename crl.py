@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 import re
 import time
 import warnings
@@ -131,6 +132,10 @@ class CRLConfig:
     bank: BankConfig = setting(BankConfig(), "the experience bank")
     # how the work is batched (no effect on what is computed beyond float rounding)
     micro_batch: int = setting(4, "sequences per forward/backward", min=1)
+    env_workers: int | None = setting(None, "processes per rank that play the games side by side; the same seeds "
+                                            "give the same episodes for any number (default: one per core for "
+                                            "alfworld, whose resets take seconds; else 0, in the trainer's process)",
+                                      min=0)
     eval_batch: int = setting(256, "evaluation episodes played at once: their KV caches share memory (512 SmolLM2 "
                                    "episodes at once outgrew 24 GB)", min=1)
     # for small models (the tiny and smollm2 presets; not in the paper)
@@ -194,7 +199,10 @@ class Run:
     timer: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.pool = self.pool or EnvPool(self.cfg.show_map, self.cfg.max_steps)
+        workers = self.cfg.env_workers
+        if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps take 138 s serial, 75 s in 2 workers
+            workers = cores_per_rank() if "alfworld" in self.tasks else 0
+        self.pool = self.pool or EnvPool(self.cfg.show_map, self.cfg.max_steps, workers)
 
 # ---------------------------------------------------------------------------------------------------------
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
@@ -312,10 +320,10 @@ class EpisodeBatch:
         self.eps = [Episode(task, seed, group, with_exp) for task, seed, group, with_exp in specs]
         self.games = [run.pool.take(e.task, train) for e in self.eps]
         t0 = time.perf_counter()
-        self.obs = [env.reset(seed=e.seed) for env, e in zip(self.games, self.eps)]
+        self.obs = run.pool.reset_all(self.games, [e.seed for e in self.eps])
         run.timer["env"] += time.perf_counter() - t0
         for e, env, o in zip(self.eps, self.games, self.obs):
-            view = env.map_view() if self.cfg.query_map and hasattr(env, "map_view") else o
+            view = (env.map_view() if self.cfg.query_map and hasattr(env, "map_view") else None) or o
             e.instruction, e.query = env.instruction, retrieval_query(env, view)
             e.transcript.append(("environment", view))
         if self.cfg.uses_bank:
@@ -378,7 +386,7 @@ class EpisodeBatch:
         for search_and_ask, any other reply steps the game."""
         cfg, tok = self.cfg, self.tok
         t0 = time.perf_counter()
-        questions = []
+        questions, moves = [], []
         for i, s in zip(self.playing, samples):
             e = self.eps[i]
             e.segments[-1].extend(s.tokens, True, s.logprobs, s.allowed)
@@ -392,13 +400,20 @@ class EpisodeBatch:
                 e.asks += 1
                 questions.append((i, ask.group(1).strip()))
             else:
-                self.step_game(i, reply)
+                moves.append((i, reply))
+        self.step_games(moves)
         self.run.timer["env"] += time.perf_counter() - t0
         return questions
 
-    def step_game(self, i, reply: str):
+    def step_games(self, moves: list[tuple[int, str]]):
+        """Each (row, reply) steps its game; all games step at once (side by side with cfg.env_workers)."""
+        results = self.run.pool.step_all([self.games[i] for i, _ in moves], [reply for _, reply in moves])
+        for (i, reply), result in zip(moves, results):
+            self.record_step(i, reply, *result)
+
+    def record_step(self, i, reply: str, obs: str, reward: float, done: bool, info: dict):
         e = self.eps[i]
-        self.obs[i], reward, self.done[i], info = self.games[i].step(reply)
+        self.obs[i], self.done[i] = obs, done
         e.turns += 1
         e.invalid += int(bool(info.get("invalid", False)))
         e.transcript.append(("environment", self.obs[i]))
@@ -1029,9 +1044,10 @@ class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
     ALFWorld games and WebShop goals from their held-out splits (envs.HELD_OUT), training from train."""
 
-    def __init__(self, show_map: bool = True, max_steps: int = envs.MAX_STEPS):
+    def __init__(self, show_map: bool = True, max_steps: int = envs.MAX_STEPS, workers: int = 0):
         self.free: dict[tuple, list] = {}
         self.show_map, self.max_steps = show_map, max_steps
+        self.workers = envs.GameWorkers(workers) if workers else None
 
     def take(self, task, train=True):
         key = (task, train)
@@ -1042,10 +1058,20 @@ class EnvPool:
             kw["split"] = "train" if train else envs.HELD_OUT[task]
         if task in envs.MINIHACK:
             kw["show_map"] = self.show_map
-        return envs.make(task, **kw)
+        return self.workers.make(task, **kw) if self.workers else envs.make(task, **kw)
 
     def give(self, task, train, env):
         self.free.setdefault((task, train), []).append(env)
+
+    def reset_all(self, games: list, seeds: list) -> list[str]:
+        if self.workers:
+            return self.workers.call("reset", games, seeds)
+        return [game.reset(seed=seed) for game, seed in zip(games, seeds)]
+
+    def step_all(self, games: list, replies: list[str]) -> list[tuple]:
+        if self.workers:
+            return self.workers.call("step", games, replies)
+        return [game.step(reply) for game, reply in zip(games, replies)]
 
 # ---------------------------------------------------------------------------------------------------------
 # The small models' grammars: a constrained extractor's operation heads and lesson plans
@@ -1128,6 +1154,11 @@ def seeded_generator(device, *parts: int) -> torch.Generator:
     same samples."""
     seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def cores_per_rank() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
 def world() -> int:

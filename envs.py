@@ -21,14 +21,18 @@ crl.py calls `make()`; `python envs.py play TASK` shows a person exactly what th
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import random
 import re
+import signal
 import sys
 import tarfile
 import tempfile
 import threading
+import traceback
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -699,6 +703,111 @@ def make(task: str, seed=None, **kwargs):
     if task == "webshop":
         return WebShop(seed=seed, **kwargs)
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+
+
+# ------------------------------------------------------------------------------------------ worker processes
+
+class GameWorkers:
+    """Games in worker processes, so that slow engines (ALFWorld's resets, NLE's steps, WebShop's search) run
+    side by side. Game k lives in worker k mod n for its whole life, and one message per worker carries all of
+    a call's resets or steps. An episode depends only on its game's seed and the replies, so the results do
+    not depend on the number of workers."""
+
+    def __init__(self, n: int):
+        ctx = multiprocessing.get_context("spawn")   # fork beside torch's threads is unsafe; macOS spawns anyway
+        self.conns, self.procs, self.made = [], [], 0
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=serve_games, args=(child,), daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        weakref.finalize(self, GameWorkers.stop, self.conns, self.procs)
+
+    def make(self, task: str, **kwargs) -> "RemoteGame":
+        game = RemoteGame(self, self.made)
+        self.made += 1
+        self.call("make", [game], [(task, kwargs)])
+        return game
+
+    def call(self, op: str, games: list, args: list) -> list:
+        """`op` ("make", "reset" or "step") on each game with its argument, all workers at once: the results
+        in the games' order. Each game's view (RemoteGame) is refreshed from its worker."""
+        jobs = [[] for _ in self.conns]
+        for game, arg in zip(games, args):
+            jobs[game.gid % len(jobs)].append((game.gid, arg))
+        busy = [(conn, js) for conn, js in zip(self.conns, jobs) if js]
+        for conn, js in busy:
+            conn.send((op, js))
+        answers, errors = {}, []
+        for conn, js in busy:   # read every answer before raising, so no worker is left out of step
+            status, out = conn.recv()
+            if status == "error":
+                errors.append(out)
+            else:
+                answers.update(zip((gid for gid, _ in js), out))
+        if errors:
+            raise RuntimeError("a game worker failed:\n" + errors[0])
+        results = []
+        for game in games:
+            result, game.view = answers[game.gid]
+            results.append(result)
+        return results
+
+    @staticmethod
+    def stop(conns, procs):
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for proc in procs:
+            proc.join(timeout=5)
+
+
+class RemoteGame:
+    """A game in a GameWorkers process, seen as of its last call: what the trainer reads of a game, and reset
+    and step one at a time (GameWorkers.call does many at once)."""
+
+    def __init__(self, workers: GameWorkers, gid: int):
+        self.workers, self.gid, self.view = workers, gid, {}
+
+    instruction = property(lambda self: self.view["instruction"])
+    actions = property(lambda self: self.view["actions"])
+    failure_reward = property(lambda self: self.view["failure_reward"])
+
+    def map_view(self) -> str | None:
+        return self.view["map_view"]
+
+    def reset(self, seed=None) -> str:
+        return self.workers.call("reset", [self], [seed])[0]
+
+    def step(self, reply: str):
+        return self.workers.call("step", [self], [reply])[0]
+
+
+def serve_games(conn):
+    """A worker's loop: it owns its games by id and answers each job with the game's result and its view."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the trainer's to handle; it stops us
+    games = {}
+    with contextlib.suppress(EOFError):            # the trainer is gone
+        for op, jobs in iter(conn.recv, None):
+            try:
+                conn.send(("ok", [play_job(games, op, gid, arg) for gid, arg in jobs]))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+
+
+def play_job(games: dict, op: str, gid: int, arg):
+    if op == "make":
+        games[gid] = make(arg[0], **arg[1])
+        result = None
+    else:
+        result = getattr(games[gid], op)(arg)      # reset(seed) or step(reply)
+    game = games[gid]
+    view = {"instruction": game.instruction, "actions": tuple(game.actions),
+            "failure_reward": getattr(game, "failure_reward", 0.0),
+            "map_view": game.map_view() if op == "reset" and hasattr(game, "map_view") else None}
+    return result, view
 
 
 def play(task: str, seed=None, inp=sys.stdin, out=sys.stdout, **kwargs):
