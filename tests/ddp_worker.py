@@ -1,5 +1,8 @@
-"""Run under torchrun by test_train.py. `train OUT ARGS...`: two training iterations, then each rank dumps
-its models and bank replica. `update OUT OBJECTIVE`: one policy update on fixed episodes split over ranks."""
+"""Run under torchrun by test_train.py. `train OUT ARGS...`: a training run in which each rank records every
+actor and extractor update (its inputs, and the model and optimizer before and after), then dumps those, its
+final models and its bank replica. `update OUT OBJECTIVE`: one policy update on fixed episodes split over
+ranks."""
+import copy
 import os
 import sys
 
@@ -12,14 +15,28 @@ import train  # noqa: E402
 
 rank = int(os.environ["RANK"])
 if sys.argv[1] == "train":
-    out = sys.argv[2]
-    run = train.main(["--tasks", "room", "--mode", "crl", "--iters", "2", "--out", out, *sys.argv[3:]])
+    out, calls = sys.argv[2], []
+
+    def recorded(update, model_of, opt_of, inputs_of):
+        def wrapper(run, *args):
+            state = lambda: (copy.deepcopy(model_of(run).state_dict()), copy.deepcopy(opt_of(run).state_dict()))  # noqa: E731
+            before, inputs = state(), inputs_of(run, *args)
+            stats = update(run, *args)
+            calls.append({"update": update.__name__, "inputs": inputs, "before": before, "after": state(),
+                          "stats": stats, "cfg": run.cfg})
+            return stats
+        return wrapper
+
+    crl.actor_update = recorded(crl.actor_update, lambda r: r.actor, lambda r: r.actor_opt, lambda r, eps: eps)
+    crl.extractor_update = recorded(crl.extractor_update, lambda r: r.extractor, lambda r: r.extractor_opt,
+                                    lambda r: copy.deepcopy(r.generations))
+    run = train.main(["--out", out, *sys.argv[3:]])
     bank = run.manager.bank
     entries = [(e.id, e.task, e.text, e.source, e.uses, e.successes, e.created)
                for task in bank.tasks() for e in bank.entries(task)]
     keys = torch.stack([bank.key(e[0]) for e in entries])
-    torch.save({"actor": run.actor.state_dict(), "extractor": run.extractor.state_dict(), "bank": entries,
-                "keys": keys}, os.path.join(out, f"rank{rank}.pt"))
+    torch.save({"calls": calls, "actor": run.actor.state_dict(), "extractor": run.extractor.state_dict(),
+                "bank": entries, "keys": keys}, os.path.join(out, f"rank{rank}.pt"))
 else:
     from test_train import bound_loss, fixed_segments  # noqa: E402
     from types import SimpleNamespace  # noqa: E402

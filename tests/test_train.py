@@ -287,19 +287,6 @@ def _torchrun(*argv, timeout=600, worker="ddp_worker.py"):
     assert p.returncode == 0, p.stderr[-3000:]
 
 
-def test_ddp_replicas_stay_identical(tmp_path):
-    out = str(tmp_path / "ddp")
-    _torchrun("train", out, *FAST)
-    r0, r1 = (torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True) for r in (0, 1))
-    for name in ("actor", "extractor"):
-        assert r0[name].keys() == r1[name].keys()
-        assert all(torch.equal(r0[name][k], r1[name][k]) for k in r0[name])
-    assert r0["bank"] == r1["bank"] and len(r0["bank"]) > 0
-    assert torch.equal(r0["keys"], r1["keys"])
-    rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [0, 1]
-
-
 def fixed_segments(model, n=6, seed=0):
     """Synthetic episodes: random tokens, actor tokens at the end, old log-probs near the current ones."""
     g = torch.Generator().manual_seed(seed)
@@ -494,3 +481,45 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
     after, obs = follow_rate()
     assert before < 0.2 and after > 0.3
     assert max(move_probs(o, []).max().item() for o in obs) < 0.5
+
+
+def test_ddp_updates_equal_one_process_on_the_same_episodes(tmp_path):
+    """2 ranks against 1: every update of a 2-rank run in which both models really step (STEPPING), redone in
+    one process on both ranks' episodes (actor) or generations (extractor), from the same weights and AdamW
+    state, ends at the same weights; the replicas of both models and of the bank agree throughout."""
+    out = str(tmp_path / "ddp")
+    _torchrun("train", out, *STEPPING, "--iters", "3")
+    r0, r1 = (torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in (0, 1))
+    for name in ("actor", "extractor"):
+        assert all(torch.equal(v, r1[name][k]) for k, v in r0[name].items())
+    assert r0["bank"] == r1["bank"] and len(r0["bank"]) > 0 and torch.equal(r0["keys"], r1["keys"])
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2]
+    ranks = [r0["calls"], r1["calls"]]
+    assert [c["update"] for c in ranks[0]] == [c["update"] for c in ranks[1]]
+    from model import load_tokenizer
+    tok, stepped = load_tokenizer("tiny"), []
+    for c0, c1 in zip(*ranks):
+        for when in ("before", "after"):
+            assert all(torch.equal(v, c1[when][0][k]) for k, v in c0[when][0].items())
+        if not c0["stats"]:
+            continue   # the extractor still waits for a full batch of rewarded generations
+        model = Transformer.tiny(seed=0)
+        model.load_state_dict(c0["before"][0])
+        opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)
+        opt.load_state_dict(c0["before"][1])
+        run = crl.Run(c0["cfg"], ["room"], 0, model, tok, opt, model, tok, opt, None)
+        run.timer = {"update": 0.0, "extractor_update": 0.0}
+        if c0["update"] == "actor_update":
+            stats = crl.actor_update(run, c0["inputs"] + c1["inputs"])
+            assert stats["actor/trained_seqs"] == c0["stats"]["actor/trained_seqs"] > 0
+        else:
+            run.generations = {**c0["inputs"], **c1["inputs"]}
+            waiting = len(run.generations)
+            stats = crl.extractor_update(run)
+            assert stats["generations"] == c0["stats"]["generations"] == waiting - len(run.generations) > 0
+        assert stats == pytest.approx(c0["stats"], rel=1e-5, abs=1e-6)   # loss, grad norm, ratio, reward: global
+        for k, v in model.state_dict().items():   # AdamW's first step turns float noise in a near-zero gradient
+            assert torch.allclose(v, c0["after"][0][k], atol=1e-5), (c0["update"], k)   # into ~1e-6 (lr 1e-3)
+        assert any(not torch.equal(v, c0["before"][0][k]) for k, v in model.state_dict().items())
+        stepped.append(c0["update"])
+    assert "actor_update" in stepped and "extractor_update" in stepped, stepped
