@@ -382,13 +382,15 @@ def test_threads_adding_and_searching_at_once_keep_the_bank_consistent():
                 task = pyr.choice(tasks)
                 r = pyr.random()
                 if r < 0.45 or not mine:
-                    i = bank.add(task, f"w{w}s{step}", pool[pyr.randrange(512)], source=w, step=step)
+                    x = pyr.randrange(512)   # the text names its key's row of pool: the readers check cosines
+                    i = bank.add(task, f"w{w}s{step}:{x}", pool[x], source=w, step=step)
                     mine.append(i)
                     created[w].add(i)
                 elif r < 0.65:   # merge two of mine (maybe of different tasks: the foreign one is stale)
                     targets = pyr.sample(mine, min(2, len(mine)))
                     t = bank.get(targets[0]).task
-                    (i,) = bank.apply([Operation("update", t, "merged", tuple(targets), pool[step % 512], w, step)])
+                    (i,) = bank.apply([Operation("update", t, f"merged:{step % 512}", tuple(targets), pool[step % 512],
+                                                 w, step)])
                     for x in targets:
                         if bank.get(x) is None and x not in dropped[w]:
                             mine.remove(x)
@@ -410,10 +412,12 @@ def test_threads_adding_and_searching_at_once_keep_the_bank_consistent():
             while not stop.is_set():
                 task = pyr.choice(tasks)
                 k = pyr.randint(1, 4)
-                res = bank.search(task, pool[pyr.sample(range(512), 4)], k)
-                for row in res:
+                rows = pyr.sample(range(512), 4)
+                res = bank.search(task, pool[rows], k)
+                for q, row in zip(rows, res):
                     assert len(row) <= k and len({e.id for e, _ in row}) == len(row)
-                    assert all(e.task == task and -1.0001 <= s <= 1.0001 for e, s in row)
+                    for e, s in row:   # the cosine of the query and the key this entry was written with
+                        assert e.task == task and abs(s - float(pool[q] @ pool[int(e.text.split(":")[1])])) < 1e-5
                 if res[0]:   # (an empty task answers [] and its clock stands still)
                     queries[r][task] += len(res)
         except Exception as e:
