@@ -1,6 +1,6 @@
-"""How often an actor plays the move a lesson names, on held-out room starts: the probe of whether lessons
-can reach the actor at all (issue 21). Run: python -m probes.lesson_follow [--run RUN_DIR] [--starts N]
-[--moves-before K] [train.py flags that shape the prompt: --actor, --lesson-turn, --no-map, ...].
+"""How often an actor plays the move a lesson names, on held-out starts: the probe of whether lessons can
+reach the actor at all (issue 21). Run: python -m probes.lesson_follow [--run RUN_DIR] [--task TASK]
+[--starts N] [--moves-before K] [train.py flags that shape the prompt: --actor, --lesson-turn, --no-map, ...].
 
 For each of N held-out starts (EVAL_SEED0...), after K random moves played in the episode's context (the
 whole episode, or the --history window, as rollouts build it), it reads the actor's exact constrained
@@ -36,6 +36,7 @@ def prompt_tokens(tok, cfg, env, history: list, obs: str, lesson: list[str]) -> 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", help="a run directory: its flags (args.json) and its trained actor (ckpt/actor)")
+    p.add_argument("--task", choices=envs.MINIHACK, help="a MiniHack task (default: the run's first, else room)")
     p.add_argument("--starts", type=int, default=24)
     p.add_argument("--moves-before", type=int, default=0, help="random moves played before the turn measured")
     mine, rest = p.parse_known_args(argv)
@@ -43,7 +44,8 @@ def main(argv=None):
     cfg = train.config_from(args)
     spec = os.path.join(mine.run, "ckpt", "actor") if mine.run else args.actor
     model, tok = Transformer.from_pretrained(spec, dtype=torch.float32).eval(), load_tokenizer(spec)
-    env = envs.make("room", show_map=cfg.show_map, max_steps=cfg.max_steps)
+    task = mine.task or (args.tasks[0] if mine.run else "room")
+    env = envs.make(task, show_map=cfg.show_map, max_steps=cfg.max_steps)
     rng, base, follow = random.Random(0), [], {a: [] for a in env.actions}
     for i in range(mine.starts):
         obs, history = env.reset(seed=crl.EVAL_SEED0 + i), []
@@ -60,7 +62,7 @@ def main(argv=None):
             follow[move].append(policy(model, tok, prompt, actions)[j].item())
     base = torch.stack(base).mean(0)
     lifted = sum(sum(v) for v in follow.values()) / sum(len(v) for v in follow.values())
-    print(f"{mine.run or args.actor} (lesson_turn={cfg.lesson_turn}, map={cfg.show_map}, "
+    print(f"{mine.run or args.actor} on {task} (lesson_turn={cfg.lesson_turn}, map={cfg.show_map}, "
           f"instructions={cfg.instructions}, history={cfg.history}, {mine.moves_before} moves before, "
           f"{mine.starts} starts): P(move | lesson names it) {lifted:.3f}, P(move | no lesson) {base.mean():.3f}")
     for j, move in enumerate(actions):

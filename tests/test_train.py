@@ -142,6 +142,7 @@ def test_resume_after_real_updates_is_exact(tmp_path):
     os.replace(os.path.join(part, "ckpt"), os.path.join(part, "ckpt.old"))          # crashed between renames
     with open(os.path.join(part, "metrics.jsonl"), "a") as f:                          # and after a line past it
         f.write(json.dumps({"step": 2, "stale": True}) + "\n")
+    assert train.parse_args(["--out", part, "--resume"]).iters == 4   # fails fast, before a run of the default length
     b = train.main(["--out", part, "--resume"])
     rows_a, rows_b = read_metrics(full), read_metrics(part)
     assert [r["step"] for r in rows_b] == [0, 1, 2, 3]
