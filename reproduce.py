@@ -142,13 +142,13 @@ def curve(results: str, task: str):
     runs = read_runs(results, task)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, kind, title in zip(axes, ("exp", "noexp"), ("eval with experience", "eval without experience")):
-        for mode in MODES:
+        for k, mode in enumerate(MODES):   # one colour per mode in both panels
             steps, means, halves = band(runs.get(mode, {}), f"eval/{task}/success_{kind}")
             if steps:
-                line, = ax.plot(steps, means, marker="o", ms=3, label=mode)
+                ax.plot(steps, means, marker="o", ms=3, label=mode, color=f"C{k}")
                 lo = [m - (0 if math.isnan(h) else h) for m, h in zip(means, halves)]
                 hi = [m + (0 if math.isnan(h) else h) for m, h in zip(means, halves)]
-                ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+                ax.fill_between(steps, lo, hi, color=f"C{k}", alpha=0.15)
         ax.set_title(f"{task}: {title}")
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
