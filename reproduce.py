@@ -152,7 +152,8 @@ def curve(results: str, task: str):
         ax.set_title(f"{task}: {title}")
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:   # a grpo-only grid has nothing with experience
+            ax.legend(fontsize=8)
     axes[0].set_ylabel("held-out success (mean over seeds, 95% band)")
     fig.tight_layout()
     fig.savefig(os.path.join(results, f"{task}.png"), dpi=100)
