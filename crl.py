@@ -29,7 +29,9 @@ How it departs from the paper, and why: the actor may start from a tiny byte-lev
 constrained to the valid actions and whose extractor writes through constrained operation heads (the tiny
 models' grammars below); the actor's judgement of a retrieved lesson (accept / refine / reject) is not
 implemented; on CPU distillation runs inline rather than on a background track; searches run on the
-caller's thread (one batched search a turn), not through the authors' pool of search workers.
+caller's thread (one batched search a turn), not through the authors' pool of search workers. One option is
+ours alone, off by default: `--credit lift` credits a lesson with its episode's gain over the same instance
+played without experience (episode_lift).
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[code]` marks a choice taken from the
 authors' released code where the paper does not state it.
@@ -124,6 +126,9 @@ class CRLConfig:
     distill_per_group: int = setting(0, "episodes per group sent to the extractor (0: all)", min=0)
     max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
     extractor_batch: int = setting(64, "rewarded generations buffered before a CISPO update [code]", min=1)
+    credit: str = setting("outcome", "what an episode credits the generations behind the lessons it used: outcome "
+                                     "(+1 success, -1 failure) [code], or lift (its reward minus its group's mean "
+                                     "without experience; not in the paper)", choices=("outcome", "lift"))
     max_generations: int = setting(4096, "unrewarded extractor generations kept, oldest dropped (a NONE "
                                           "never earns credit)", min=0)
     merge_every: int = setting(5, "iterations between merge passes (0: never) [code]", min=0)
@@ -710,13 +715,27 @@ def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool 
 
 
 def credit_generations(run, eps: list[Episode]):
-    """Each episode credits the generations behind what it used: +1 on success, -1 on failure [code]. Credits
-    from every rank reach the rank that owns the generation (PAPER §Extractor objective: reward attribution)."""
-    credits = [(src, 1.0 if e.success else -1.0) for e in eps for src in e.sources]
+    """Each episode credits the generations behind what it used: +1 on success, -1 on failure [code] (or, with
+    cfg.credit "lift", episode_lift). Credits    from every rank reach the rank that owns the generation (PAPER §Extractor objective: reward attribution)."""
+    worth = episode_lift(eps) if run.cfg.credit == "lift" else [1.0 if e.success else -1.0 for e in eps]
+    credits = [(src, c) for e, c in zip(eps, worth) for src in e.sources]
     for rank_credits in gather_objects(credits):
         for src, c in rank_credits:
             if src in run.generations:
                 run.generations[src].credits.append(c)
+
+
+def episode_lift(eps: list[Episode]) -> list[float]:
+    """Not in the paper: a with-experience episode's reward minus the mean reward of its group's episodes
+    without experience, the lesson's effect on the same instance apart from the actor's own progress (the ±1
+    outcome credits an improving actor's lessons whether or not they helped; results/smollm2). A group is
+    whole on one rank; an episode without experience, or in a group with none, gets 0."""
+    without = {}
+    for e in eps:
+        if not e.with_exp:
+            without.setdefault(e.group, []).append(e.reward)
+    return [e.reward - sum(without[e.group]) / len(without[e.group]) if e.with_exp and e.group in without else 0.0
+            for e in eps]
 
 
 def extractor_update(run) -> dict:

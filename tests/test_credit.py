@@ -96,3 +96,26 @@ def test_an_answered_ask_is_credited_like_a_lesson(mode):
     e.success = True
     crl.credit_generations(run, [e])
     assert run.generations[gid].credits == [1.0]
+
+
+def test_lift_credits_the_gain_over_the_group_played_without_experience():
+    """--credit lift: a with-experience episode credits its reward minus the mean reward of its group's
+    episodes without experience (hand numbers); episodes without experience, or groups with none, give 0."""
+    def ep(group, with_exp, reward, sources=()):
+        e = crl.Episode("room", group, group, with_exp)
+        e.reward, e.success, e.sources = reward, reward == 1.0, list(sources)
+        return e
+
+    eps = [ep(0, False, 1.0), ep(0, False, 0.0), ep(0, True, 1.0, [10]), ep(0, True, 0.0, [11]),
+           ep(1, False, 0.0), ep(1, False, 0.0), ep(1, True, 1.0, [12]), ep(2, True, 0.25, [13])]
+    assert crl.episode_lift(eps) == [0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 1.0, 0.0]
+    run = make_run(credit="lift")
+    for gid in (10, 11, 12, 13):
+        generation(run, gid)
+    crl.credit_generations(run, eps)
+    assert [run.generations[g].credits for g in (10, 11, 12, 13)] == [[0.5], [-0.5], [1.0], [0.0]]
+    outcome = make_run()
+    for gid in (10, 11, 12, 13):
+        generation(outcome, gid)
+    crl.credit_generations(outcome, eps)
+    assert [outcome.generations[g].credits for g in (10, 11, 12, 13)] == [[1.0], [-1.0], [1.0], [-1.0]]
