@@ -408,7 +408,8 @@ def bench_env(a):
     queries = [g["instruction_text"].lower() for g in shop.goals[:200]]
     _, search = _timed(lambda: [webshop.search_index().search(webshop.analyze(q), 50) for q in queries])
     print(f"{'webshop':10s} {rate:10.0f} {'-':>10s} {'-':>9s}   (search {search / len(queries) * 1e3:.2f} ms/query)")
-    workers = a.workers or os.cpu_count()
+    import crl
+    workers = a.workers or crl.cores_per_rank()
     print(f"\nan iteration's environment phase: {a.episodes} episodes reset, then {a.phase_steps} random valid steps "
           f"each in lockstep\n(seconds; in the trainer's process vs {workers} worker processes, --env-workers)")
     print(f"{'task':10s} {'serial':>9s} {'workers':>9s} {'speed-up':>9s} {'resets/s':>17s} {'steps/s':>17s}")
@@ -727,7 +728,7 @@ def parse_args(argv=None):
     e.add_argument("--phase-tasks", default="alfworld,room", help="tasks of the environment-phase comparison")
     e.add_argument("--episodes", type=int, default=64, help="episodes of the environment phase")
     e.add_argument("--phase-steps", type=int, default=10, help="steps of each episode in the environment phase")
-    e.add_argument("--workers", type=int, default=0, help="worker processes (0: one per core)")
+    e.add_argument("--workers", type=int, default=0, help="worker processes (0: one per core, as --env-workers)")
 
     sub.add_parser("kernels", help="Triton kernels vs torch references (CUDA only)")
 

@@ -204,10 +204,11 @@ class Run:
     timer: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        workers = self.cfg.env_workers
-        if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps take 138 s serial, 75 s in 2 workers
-            workers = cores_per_rank() if "alfworld" in self.tasks else 0
-        self.pool = self.pool or EnvPool(self.cfg.show_map, self.cfg.max_steps, workers)
+        if self.pool is None:
+            workers = self.cfg.env_workers
+            if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps: 138 s serial, 75 s in 2 workers
+                workers = cores_per_rank() if "alfworld" in self.tasks else 0
+            self.pool = EnvPool(self.cfg.show_map, self.cfg.max_steps, workers)
 
 # ---------------------------------------------------------------------------------------------------------
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
@@ -716,7 +717,8 @@ def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool 
 
 def credit_generations(run, eps: list[Episode]):
     """Each episode credits the generations behind what it used: +1 on success, -1 on failure [code] (or, with
-    cfg.credit "lift", episode_lift). Credits    from every rank reach the rank that owns the generation (PAPER §Extractor objective: reward attribution)."""
+    cfg.credit "lift", episode_lift). Credits from every rank reach the rank that owns the generation (PAPER
+    §Extractor objective: reward attribution)."""
     worth = episode_lift(eps) if run.cfg.credit == "lift" else [1.0 if e.success else -1.0 for e in eps]
     credits = [(src, c) for e, c in zip(eps, worth) for src in e.sources]
     for rank_credits in gather_objects(credits):

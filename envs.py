@@ -776,6 +776,7 @@ class RemoteGame:
     failure_reward = property(lambda self: self.view["failure_reward"])
 
     def map_view(self) -> str | None:
+        """The map as of the last reset (what --query-map reads), None for a game without one."""
         return self.view["map_view"]
 
     def reset(self, seed=None) -> str:
