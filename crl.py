@@ -135,14 +135,14 @@ class CRLConfig:
     merge_size: int = setting(5, "entries consolidated per merge call [code]", min=1)
     merge_batches: int = setting(2, "merge calls per task per pass", min=0)
     bank: BankConfig = setting(BankConfig(), "the experience bank")
-    # how the work is batched (no effect on what is computed beyond float rounding)
+    # how the work is batched (no effect on what is learned beyond float rounding)
     micro_batch: int = setting(4, "sequences per forward/backward", min=1)
     env_workers: int | None = setting(None, "processes per rank that play the games side by side; the same seeds "
                                             "give the same episodes for any number (default: one per core for "
                                             "alfworld, whose resets take seconds; else 0, in the trainer's process)",
                                       min=0)
-    eval_batch: int = setting(256, "evaluation episodes played at once: their KV caches share memory (512 SmolLM2 "
-                                   "episodes at once outgrew 24 GB)", min=1)
+    eval_batch: int = setting(256, "evaluation episodes played at once: their KV caches share memory (another "
+                                   "number gives each episode other noise, from the same distribution)", min=1)
     # for small models (the tiny and smollm2 presets; not in the paper)
     instructions: bool = setting(True, "task text and reply format in the actor's prompt")
     show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "

@@ -203,6 +203,11 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
         sys.exit(f"error: {task} {mode} seed {seed} stopped (exit {rc}); run the same command again to resume it")
 
 
+# flags that say where a cell is and how its work is batched, not what it learns from: a cell trained with
+# another --eval-batch (a preset lowered it for memory) still belongs in the grid
+NOT_COMPARED = ("out", "resume", "micro_batch", "env_workers", "eval_batch")
+
+
 def check_same_flags(out: str, argv: list[str]):
     """A cell already in the folder was trained with the flags this grid would pass, or the grid stops: a table
     must never mix budgets (settings added since it ran are not compared)."""
@@ -211,7 +216,7 @@ def check_same_flags(out: str, argv: list[str]):
         return
     import train   # only here: the table needs no torch
     saved, want = json.load(open(path)), vars(train.parse_args(argv))
-    diff = [k for k in sorted(want) if k not in ("out", "resume") and k in saved and saved[k] != want[k]]
+    diff = [k for k in sorted(want) if k not in NOT_COMPARED and k in saved and saved[k] != want[k]]
     if diff:
         told = ", ".join(f"{k}: {saved[k]} here, {want[k]} asked" for k in diff)
         sys.exit(f"error: {out} was trained with other flags ({told}); give the same flags, or another --results")

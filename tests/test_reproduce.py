@@ -86,6 +86,8 @@ def test_grid_cell_end_to_end(tmp_path, capsys):
     assert "resuming" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="iters: 2 here, 3 asked"):   # never mixed into a grid of another budget
         reproduce.main([*argv[:argv.index("--")], "--", *tiny, "--iters", "3"])
+    reproduce.main([*argv, "--eval-batch", "2"])           # how evaluation is batched is not a budget: skipped
+    assert json.load(open(out / "final.json")) == final
 
 
 def test_cells_side_by_side_equal_cells_one_at_a_time(tmp_path):
