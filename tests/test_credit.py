@@ -109,13 +109,13 @@ def test_lift_credits_the_gain_over_the_group_played_without_experience():
     eps = [ep(0, False, 1.0), ep(0, False, 0.0), ep(0, True, 1.0, [10]), ep(0, True, 0.0, [11]),
            ep(1, False, 0.0), ep(1, False, 0.0), ep(1, True, 1.0, [12]), ep(2, True, 0.25, [13])]
     assert crl.episode_lift(eps) == [0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 1.0, 0.0]
-    run = make_run(credit="lift")
-    for gid in (10, 11, 12, 13):
-        generation(run, gid)
-    crl.credit_generations(run, eps)
-    assert [run.generations[g].credits for g in (10, 11, 12, 13)] == [[0.5], [-0.5], [1.0], [0.0]]
-    outcome = make_run()
-    for gid in (10, 11, 12, 13):
-        generation(outcome, gid)
-    crl.credit_generations(outcome, eps)
-    assert [outcome.generations[g].credits for g in (10, 11, 12, 13)] == [[1.0], [-1.0], [1.0], [-1.0]]
+
+    def credited(**settings):
+        run = make_run(**settings)
+        for gid in (10, 11, 12, 13):
+            generation(run, gid)
+        crl.credit_generations(run, eps)
+        return [run.generations[g].credits for g in (10, 11, 12, 13)]
+
+    assert credited(credit="lift") == [[0.5], [-0.5], [1.0], [0.0]]
+    assert credited() == [[1.0], [-1.0], [1.0], [-1.0]]   # the default, outcome: ±1 on the same episodes
