@@ -25,6 +25,7 @@ import json
 import math
 import queue
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,15 +39,20 @@ import torch
 
 @dataclass
 class BankConfig:
-    """ExperienceBank's settings (see its docstring for the re-rank they shape)."""
-    capacity: int = field(default=20000, metadata={"help": "entries kept per task; beyond it the oldest is evicted",
-                                                   "min": 1})
-    candidates: int = field(default=16, metadata={"help": "cosine top-N that the re-rank chooses from", "min": 1})
-    use_penalty: float = field(default=0.4, metadata={"help": "re-rank: minus this times log(1 + uses)", "min": 0})
-    recency_window: int = field(default=32, metadata={"help": "re-rank: queries of a task an entry counts as just "
-                                                              "returned", "min": 0})
-    recency_penalty: float = field(default=0.1, metadata={"help": "re-rank: minus this for an entry returned "
-                                                                  "within the recency window", "min": 0})
+    """ExperienceBank's settings: its capacity and the release's diversity re-rank (see ExperienceBank)."""
+    capacity: int = field(default=20000, metadata={"help": "entries kept per task; beyond it the oldest is evicted "
+                                                           "[release: 20000, over all tasks]", "min": 1})
+    candidates: int = field(default=16, metadata={"help": "cosine top-N that the re-rank chooses from [release]", "min": 1})
+    use_penalty: float = field(default=0.4, metadata={"help": "re-rank: minus this times log(1 + times shown), in "
+                                                              "ranks [release]", "min": 0})
+    recency_penalty: float = field(default=1.0, metadata={"help": "re-rank: minus this, in ranks, for an entry shown "
+                                                                  "within the recency window [release]", "min": 0})
+    recency_window: int = field(default=1, metadata={"help": "iterations after the one it was shown in that an entry "
+                                                             "counts as just shown (the release: 300 s of wall clock, "
+                                                             "about one of its iterations; counted in iterations so a "
+                                                             "run replays)", "min": 0})
+    dropout: float = field(default=0.5, metadata={"help": "probability that a just-shown top 1 moves to the end of "
+                                                          "the candidates [release]", "min": 0, "max": 1})
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Entry:
     uses: int = 0        # episodes that retrieved it
     successes: int = 0   # ... and succeeded
     created: int = 0     # training step it was written at
+    shown: int = 0       # times a training search returned it (the re-rank reads it)
 
 
 OP_KINDS = ("add", "update", "remove", "none")
@@ -79,7 +86,9 @@ class Operation:
 # ----------------------------------------------------------------------------------------------------------
 # the bank
 
-_NEVER = -(1 << 60)      # "last returned" of an entry never returned by a search
+VERSION = 3              # of the saved layout: 3 = the rank-scale re-rank (counts shown, iterations last shown)
+RERANK = ("use_penalty", "recency_penalty", "recency_window", "dropout")   # the re-rank's saved settings
+_NEVER = -(1 << 60)      # "last shown" of an entry no training search has returned
 
 
 class _Partition:
@@ -90,11 +99,10 @@ class _Partition:
         self.dim, self.limit, self.n = dim, limit, 0
         self.keys = torch.zeros(0, dim)
         self.ids = np.zeros(0, np.int64)        # row -> entry id
-        self.uses = np.zeros(0, np.float64)     # row -> uses (mirror of Entry.uses, for the vectorised penalty)
-        self.last_hit = np.zeros(0, np.int64)   # row -> query tick it was last returned at
+        self.shown = np.zeros(0, np.float64)    # row -> times shown (mirror of Entry.shown, for the vectorised penalty)
+        self.last_shown = np.zeros(0, np.int64)  # row -> the iteration a training search last returned it in
         self.row_of = {}                        # entry id -> row
         self.order = OrderedDict()              # entry id -> None, oldest first
-        self.tick = 0                           # queries served so far: the recency clock
 
     def _grow(self, need):
         cap = len(self.ids)
@@ -109,13 +117,13 @@ class _Partition:
         keys = torch.zeros(cap, self.dim)
         keys[:self.n] = self.keys[:self.n]
         self.keys = keys
-        self.ids, self.uses, self.last_hit = grown(self.ids, -1), grown(self.uses, 0), grown(self.last_hit, _NEVER)
+        self.ids, self.shown, self.last_shown = grown(self.ids, -1), grown(self.shown, 0), grown(self.last_shown, _NEVER)
 
-    def append(self, eid, key, uses):
+    def append(self, eid, key, shown):
         self._grow(self.n + 1)
         r = self.n
         self.keys[r] = key
-        self.ids[r], self.uses[r], self.last_hit[r] = eid, uses, _NEVER
+        self.ids[r], self.shown[r], self.last_shown[r] = eid, shown, _NEVER
         self.row_of[eid] = r
         self.order[eid] = None
         self.n += 1
@@ -125,7 +133,7 @@ class _Partition:
         del self.order[eid]
         if r != last:  # move the last row into the hole
             self.keys[r] = self.keys[last]
-            self.ids[r], self.uses[r], self.last_hit[r] = self.ids[last], self.uses[last], self.last_hit[last]
+            self.ids[r], self.shown[r], self.last_shown[r] = self.ids[last], self.shown[last], self.last_shown[last]
             self.row_of[int(self.ids[r])] = r
         self.ids[last] = -1
         self.n -= 1
@@ -134,7 +142,7 @@ class _Partition:
         """Move live row i to row target[i] (a permutation of range(n))."""
         n, target = self.n, np.asarray(target, np.int64)
         self.keys[torch.from_numpy(target)] = self.keys[:n].clone()
-        for a in (self.ids, self.uses, self.last_hit):
+        for a in (self.ids, self.shown, self.last_shown):
             a[target] = a[:n].copy()
         self.row_of = {int(eid): r for r, eid in enumerate(self.ids[:n])}
 
@@ -142,33 +150,35 @@ class _Partition:
 class ExperienceBank:
     """Entries partitioned by task, each task's L2-normalised keys in one matrix.
 
-    search = cosine top-`candidates` (one matmul + top-k), then a re-rank that favours rarely-used and
-    not-just-returned entries: adjusted = cos - use_penalty*log(1+uses) - recency_penalty*[returned within
-    the last `recency_window` queries of this task]. With both penalties 0 it is plain cosine top-k.
-    Queries of one call are re-ranked one after another, so a batch answers exactly as the same queries
-    asked in sequence (identical queries in a batch can therefore get different entries).
+    search = cosine top-`candidates` (one matmul + top-k), then the release's re-rank on the rank scale
+    (PAPER §Experience bank: retrieval [release]): candidate j (0 = the cosine best) scores
+        -j - use_penalty*log(1 + times shown) - recency_penalty*[shown within the last recency_window iterations],
+    and, with probability `dropout`, a just-shown top 1 moves to the end. An entry needs about 12 showings to
+    lose one place to its runner-up. All queries of one call read the usage as it was before the call (the
+    release takes one snapshot per batch of queries); a training search (update=True) then counts what it
+    showed, at iteration `now`. With both penalties 0 it is plain cosine top-k.
     Capacity is per task; beyond it the oldest entry of the task is evicted.
-    Thread-safe: every public method holds `lock` (one plain mutex; a search moves the recency clock, so it
-    writes too). Public methods never call each other under it: it is not re-entrant.
+    Thread-safe: every public method holds `lock` (one plain mutex; a training search counts what it shows,
+    so it writes too). Public methods never call each other under it: it is not re-entrant.
     """
 
     def __init__(self, dim: int, capacity: int = BankConfig.capacity, candidates: int = BankConfig.candidates,
-                 use_penalty: float = BankConfig.use_penalty, recency_window: int = BankConfig.recency_window,
-                 recency_penalty: float = BankConfig.recency_penalty):
+                 use_penalty: float = BankConfig.use_penalty, recency_penalty: float = BankConfig.recency_penalty,
+                 recency_window: int = BankConfig.recency_window, dropout: float = BankConfig.dropout):
         if int(dim) <= 0 or int(capacity) <= 0 or int(candidates) <= 0:
             raise ValueError(f"ExperienceBank needs dim, capacity, candidates > 0 "
                              f"(got {dim}, {capacity}, {candidates})")
-        if use_penalty < 0 or recency_penalty < 0 or recency_window < 0:
-            raise ValueError("ExperienceBank penalties and recency_window must be >= 0")
+        if use_penalty < 0 or recency_penalty < 0 or recency_window < 0 or not 0 <= dropout <= 1:
+            raise ValueError("ExperienceBank penalties and recency_window must be >= 0, dropout within [0, 1]")
         self.dim, self.capacity, self.candidates = int(dim), int(capacity), int(candidates)
         self.use_penalty, self.recency_penalty = float(use_penalty), float(recency_penalty)
-        self.recency_window = int(recency_window)
+        self.recency_window, self.dropout = int(recency_window), float(dropout)
         self.lock = threading.Lock()
         self._entries: dict[int, Entry] = {}
         self._parts: dict[str, _Partition] = {}
         self._next_id = 0
         self.stats = {"added": 0, "updated": 0, "removed": 0, "evicted": 0, "stale_ids": 0, "stale_uses": 0,
-                      "skipped": 0}
+                      "skipped": 0, "searches": 0, "off_top1": 0}
 
     # ---- reading -----------------------------------------------------------------------------------------
     def __len__(self):
@@ -225,7 +235,7 @@ class ExperienceBank:
             raise ValueError(f"task must be a non-empty string, got {task!r}")
 
     # ---- unlocked edits (callers hold the lock) ---------------------------------------------------------
-    def _insert(self, task, text, key, source, step, eid=None, uses=0, successes=0) -> int:
+    def _insert(self, task, text, key, source, step, eid=None, uses=0, successes=0, shown=0) -> int:
         part = self._parts.get(task)
         if part is None:
             part = self._parts[task] = _Partition(self.dim, self.capacity)
@@ -234,8 +244,8 @@ class ExperienceBank:
             self.stats["evicted"] += 1
         if eid is None:
             eid, self._next_id = self._next_id, self._next_id + 1
-        self._entries[eid] = Entry(eid, task, str(text), int(source), int(uses), int(successes), int(step))
-        part.append(eid, key, uses)
+        self._entries[eid] = Entry(eid, task, str(text), int(source), int(uses), int(successes), int(step), int(shown))
+        part.append(eid, key, shown)
         return eid
 
     def _delete(self, eid):
@@ -349,14 +359,14 @@ class ExperienceBank:
                     continue
                 e.uses += 1
                 e.successes += int(bool(success))
-                part = self._parts[e.task]
-                part.uses[part.row_of[e.id]] = e.uses
 
     # ---- search -------------------------------------------------------------------------------------------
-    def search(self, task, query_keys, k: int, update: bool = True) -> list[list[tuple[Entry, float]]]:
+    def search(self, task, query_keys, k: int, update: bool = True, now: int = 0,
+               rng: np.random.Generator | None = None) -> list[list[tuple[Entry, float]]]:
         """For each query ([D] or [Q, D], normalised here), up to k (entry, cosine) pairs, best first by
-        the re-ranked score. An unknown or empty task gives empty lists. update=False reads the recency
-        state without moving it (evaluation, search_and_ask): such searches leave later answers unchanged."""
+        the re-ranked score. An unknown or empty task gives empty lists. `now` is the iteration (the recency
+        clock); `rng` draws the top-1 dropout (None: no dropout). update=False reads the usage without
+        counting (evaluation, search_and_ask): such searches leave later answers unchanged."""
         q = torch.as_tensor(query_keys).detach().to("cpu", torch.float32)
         if q.dim() == 1:
             q = q[None]
@@ -373,56 +383,48 @@ class ExperienceBank:
             if part is None or part.n == 0:
                 return [[] for _ in range(len(q))]
             cos, rows = self._candidates(part, q, min(part.n, max(self.candidates, int(k))))
-            picked = self._rerank(part, cos, rows, min(int(k), part.n), update)
+            picked = self._rerank(part, rows, min(int(k), part.n), int(now), rng)
+            if update:
+                self._count_shown(part, cos, rows, picked, int(now))
             return [[(self._entries[int(part.ids[rows[i, j]])], float(cos[i, j])) for j in sel]
                     for i, sel in enumerate(picked)]
 
-    def neighbours(self, id, n: int) -> list[Entry]:
-        """The entry `id` and its n-1 nearest entries of the same task by cosine (no re-rank, no state
-        change), anchor first: the batches a merge pass hands the extractor. [] if `id` is gone."""
-        with self.lock:
-            e = self._entries.get(id)
-            if e is None or n < 1:
-                return []
-            part = self._parts[e.task]
-            anchor = part.row_of[id]
-            sims = part.keys[:part.n] @ part.keys[anchor]
-            sims[anchor] = float("inf")
-            rows = torch.topk(sims, min(int(n), part.n)).indices.tolist()
-            return [self._entries[int(part.ids[r])] for r in rows]
-
     @staticmethod
     def _candidates(part, q, c):
-        """Top-c rows by cosine, as numpy [Q, c] (scores descending)."""
+        """Top-c rows by cosine, as numpy [Q, c]: scores descending, and cosines within 1e-5 of each other
+        ordered by entry id (oldest first). The rank is the re-rank's score, so a query embedded in another
+        batch (the last bits of a float differ) must not swap two entries written from the same query."""
         cos, rows = torch.topk(q @ part.keys[:part.n].T, c, dim=1)
-        return cos.numpy(), rows.numpy()
+        cos, rows = cos.numpy(), rows.numpy()
+        order = np.lexsort((part.ids[rows], -np.round(cos, 5)), axis=1)
+        return np.take_along_axis(cos, order, 1), np.take_along_axis(rows, order, 1)
 
-    def _rerank(self, part, cos, rows, k, update=True):
-        """Column indices into the candidate lists, k per query, best adjusted score first (ties keep
-        cosine order). The recency clock moves one tick per query, so query i of the batch sees the entries
-        returned to queries before it; on 16 candidates plain Python beats numpy's per-call overhead."""
-        adjusted = cos - self.use_penalty * np.log1p(part.uses[rows]) if self.use_penalty else cos
-        if not (self.recency_penalty and self.recency_window):
-            return np.argsort(-adjusted, axis=1, kind="stable")[:, :k]
-        adjusted, rows_l = adjusted.tolist(), rows.tolist()
-        window, penalty, picked = self.recency_window, self.recency_penalty, []
-        hits = part.last_hit[rows].tolist()   # tick each candidate was last returned at, before this batch
-        now = {}                              # row -> tick, for rows returned earlier in this batch
-        for i, (scores, cand, hit) in enumerate(zip(adjusted, rows_l, hits)):
-            tick = part.tick + i if update else part.tick
-            s = [a - penalty if tick - now.get(r, h) <= window else a for a, r, h in zip(scores, cand, hit)]
-            sel = sorted(range(len(s)), key=s.__getitem__, reverse=True)[:k]
-            picked.append(sel)
-            for j in sel if update else ():
-                now[cand[j]] = tick
-        if now:
-            part.last_hit[list(now)] = list(now.values())
-        part.tick += len(rows_l) if update else 0
-        return picked
+    def _rerank(self, part, rows, k, now, rng):
+        """Column indices into the candidate lists, k per query, best score first (ties keep cosine order)."""
+        c = rows.shape[1]
+        recent = part.last_shown[rows] >= now - self.recency_window
+        score = -np.arange(c) - self.use_penalty * np.log1p(part.shown[rows]) - self.recency_penalty * recent
+        order = np.argsort(-score, axis=1, kind="stable")
+        if rng is not None and self.dropout:
+            drop = rng.random(len(order)) < self.dropout
+            for i in np.flatnonzero(drop & recent[np.arange(len(order)), order[:, 0]]):
+                order[i] = np.roll(order[i], -1)   # the just-shown top 1 goes last
+        return order[:, :k]
+
+    def _count_shown(self, part, cos, rows, picked, now):
+        """A training search's picks are shown: count them and stamp the iteration; and count the picks
+        whose cosine is below the best candidate's (the re-rank's share of the choice, a run's metric)."""
+        self.stats["searches"] += len(picked)
+        self.stats["off_top1"] += int((cos[np.arange(len(picked)), picked[:, 0]] < cos[:, 0] - 1e-6).sum())
+        for i, sel in enumerate(picked):
+            for r in rows[i, sel]:
+                part.shown[r] += 1
+                part.last_shown[r] = now
+                self._entries[int(part.ids[r])].shown += 1
 
     # ---- persistence ----------------------------------------------------------------------------------------
-    # dir/ holds meta.json (settings, counters, each task's recency clock), entries.jsonl (one entry a line,
-    # each task's oldest first, with its row and last hit) and keys.safetensors (the keys, same order).
+    # dir/ holds meta.json (settings, counters), entries.jsonl (one entry a line, each task's oldest first, with
+    # its row and the iteration it was last shown in) and keys.safetensors (the keys, same order).
     # Plain files: train.py writes them into a new checkpoint directory and makes that durable as a whole.
 
     def save(self, dir) -> None:
@@ -437,17 +439,15 @@ class ExperienceBank:
         (root / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
 
     def _state(self):
-        """meta, entry lines and keys as save() writes them (caller holds the lock). Rows, recency clocks
-        and last hits are kept so a resumed run scores, breaks ties and re-ranks exactly as before."""
-        meta = {"format": "crl-experience-bank", "version": 2, "dim": self.dim, "capacity": self.capacity,
-                "candidates": self.candidates, "use_penalty": self.use_penalty,
-                "recency_window": self.recency_window, "recency_penalty": self.recency_penalty,
-                "next_id": self._next_id, "stats": dict(self.stats),
-                "ticks": {task: part.tick for task, part in self._parts.items()}}
+        """meta, entry lines and keys as save() writes them (caller holds the lock). Rows, counts and the
+        iterations last shown are kept so a resumed run scores, breaks ties and re-ranks exactly as before."""
+        meta = {"format": "crl-experience-bank", "version": VERSION, "dim": self.dim, "capacity": self.capacity,
+                "candidates": self.candidates, **{k: getattr(self, k) for k in RERANK},
+                "next_id": self._next_id, "stats": dict(self.stats)}
         lines, keys = [], [torch.zeros(0, self.dim)]
         for part in self._parts.values():  # oldest first within a task, so eviction order survives
             rows = [part.row_of[eid] for eid in part.order]
-            lines += [json.dumps({**asdict(self._entries[eid]), "row": r, "last_hit": int(part.last_hit[r])},
+            lines += [json.dumps({**asdict(self._entries[eid]), "row": r, "last_shown": int(part.last_shown[r])},
                                  ensure_ascii=False) for eid, r in zip(part.order, rows)]
             keys.append(part.keys[rows])
         meta["count"] = len(lines)
@@ -474,20 +474,22 @@ class ExperienceBank:
 
     @classmethod
     def _restore(cls, meta, records, keys, overrides):
-        settings = {k: meta[k] for k in ("dim", "capacity", "candidates", "use_penalty", "recency_window",
-                                         "recency_penalty")}
+        old = meta.get("version", 1) < VERSION   # re-ranked on the cosine scale, by query ticks: its usage
+        if old:                                  # carries over (times shown = uses), its settings and clock do not
+            warnings.warn("experience bank saved before the release's rank-scale re-rank: its entries load, its "
+                          "re-rank settings are the current defaults and its recency state starts afresh")
+        settings = {k: meta[k] for k in ("dim", "capacity", "candidates", *([] if old else RERANK))}
         bank = cls(**{**settings, **overrides})
         for r, key in zip(records, keys):
             bank._insert(r["task"], r["text"], key, r["source"], r["created"], eid=r["id"], uses=r["uses"],
-                         successes=r["successes"])
+                         successes=r["successes"], shown=r.get("shown", r["uses"]))
             part = bank._parts[r["task"]]
-            part.last_hit[part.row_of[r["id"]]] = r.get("last_hit", _NEVER)
+            part.last_shown[part.row_of[r["id"]]] = r.get("last_shown", _NEVER)
         saved_row = {r["id"]: r.get("row") for r in records}
         for task, part in bank._parts.items():
             rows = [saved_row[int(i)] for i in part.ids[:part.n]]
             if None not in rows:   # (older saves kept no rows) the saved order, of the survivors of an override
                 part.move_rows(np.argsort(np.argsort(rows)))
-            part.tick = meta.get("ticks", {}).get(task, 0)
         bank._next_id = max(meta["next_id"], max(bank._entries, default=-1) + 1)
         bank.stats.update(meta.get("stats", {}))
         return bank
@@ -675,15 +677,16 @@ class ExperienceManager:
     def embed(self, texts) -> torch.Tensor:
         return self.embedder(list(texts))
 
-    def search(self, task, query_texts: list[str], k: int, update: bool = True) -> list[list[tuple[Entry, float]]]:
+    def search(self, task, query_texts: list[str], k: int, update: bool = True, now: int = 0,
+               rng: np.random.Generator | None = None) -> list[list[tuple[Entry, float]]]:
         """Embed the query texts and search the bank (see ExperienceBank.search; update=False leaves the
-        recency state alone)."""
+        usage counts alone)."""
         if isinstance(query_texts, str):
             raise ValueError("search takes a list of query texts (wrap a single text in a list)")
         query_texts = list(query_texts)
         if not query_texts:
             return []
-        return self.bank.search(task, self.embed(query_texts), k, update)
+        return self.bank.search(task, self.embed(query_texts), k, update, now, rng)
 
     def record_use(self, ids, success) -> None:
         self.bank.record_use(ids, success)

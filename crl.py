@@ -8,32 +8,46 @@ streams and collectives) sits together at the bottom. model.py supplies the deco
 generator, envs.py the games, bank.py the shared experience bank; train.py builds a `Run` and calls
 `train_step` / `evaluate` in a loop, under torchrun for DDP.
 
-The paper, piece by piece (sections as in PAPER.md):
+The paper (Muhtar et al., arXiv 2603.17621), piece by piece; METHOD.md sets each point beside the authors'
+release (github pUmpKin-Co/ComplementaryRL at ab2574f), which crl follows where the paper is silent:
 
     §Actor objective     G rollouts an instance, G/2 with experience        episode_specs
                          the lesson in the actor's prompt                   actor_system_prompt, actor_opening
+                         the actor judges it: accept / refine / reject      judge_lessons [release]
                          multi-turn episodes, KV cache kept across turns    rollout, EpisodeBatch
                          A = R - mean(R) within each subgroup               split_advantages
                          PPO-clip on the actor's tokens, no KL              grpo_loss, actor_update
-                         warm-up while the bank fills                       train_step
-    §Extractor objective an episode credits what it used: +1 / -1          record_outcomes, credit_generations
+                         warm-up: no retrieval, no training                 train_step [release]
+    §Extractor objective an episode credits what it used: its score,       record_outcomes, credit_generations,
+                         shaped by the actor's verdict                      lesson_credit [release]
                          reward = mean credit, A = reward - batch mean      extractor_update
                          CISPO: clipped weight, every token's gradient      cispo_loss
-    §Experience bank     retrieval by the first view, top 1 injected        retrieval_query, retrieve
-                         ADD / UPDATE / NONE from a finished episode        distill, extractor_prompt, parse_operations
-                         consolidation of similar lessons                   merge_pass
+    §Experience bank     retrieval by the first view, rank-scale re-rank    retrieval_query, retrieve, bank.py
+                         ADD / UPDATE / NONE from a with-exp episode        distill, extractor_prompt, parse_operations
+                         a rolling merge over the whole bank                merge_pass, MergeChain [release]
                          the actor's tool                                   search_and_ask
     (evaluation)         held-out seeds, bank read-only                     evaluate
 
-How it departs from the paper, and why: the actor may start from a tiny byte-level model, whose replies are
-constrained to the valid actions and whose extractor writes through constrained operation heads (the tiny
-models' grammars below); the actor's judgement of a retrieved lesson (accept / refine / reject) is not
-implemented; on CPU distillation runs inline rather than on a background track; searches run on the
-caller's thread (one batched search a turn), not through the authors' pool of search workers. One option is
-ours alone, off by default: `--credit lift` credits a lesson with its episode's gain over the same instance
-played without experience (episode_lift).
+How it departs from the release, and why (one line each; METHOD.md has the whole comparison):
+- evaluation is read-only and scores each seed with and without experience: the release's validation moves
+  the re-rank's counts that training then reads, and scores only with memory;
+- CISPO's old log-probs are the sampler's, so its clip acts on stale generations: the release recomputes them
+  at training time, which makes the ratio 1 and the clip inert;
+- only with-experience episodes may call search_and_ask: the release lets every rollout ask, which leaks the
+  bank into the "without experience" half;
+- the re-rank's recency window counts iterations, not 300 s of wall clock, so a run replays exactly;
+- a merged lesson is keyed by the mean of its entries' keys (query space), not by its own text, and credited
+  to the chain call that wrote it, not the chain's last; no merge is skipped after an extractor update (the
+  release's skip is a side effect of its PR #3);
+- the judge reads the task, the first view and the lesson, not the task's running score; an extractor reply's
+  bad lines are skipped, not the whole reply; the bank's capacity is per task, not shared;
+- the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
+  extractor writes through constrained operation heads (the small models' grammars below); on CPU
+  distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
+One option is ours alone, off by default: `--credit lift` credits a lesson with its episode's gain over the
+same instance played without experience (episode_lift).
 
-Tags in comments: `PAPER §Section: term` names what the code implements; `[code]` marks a choice taken from the
+Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it.
 """
 import dataclasses
@@ -65,7 +79,7 @@ EVAL_SEED0 = 1_000_000_000  # evaluation seeds start here; training seeds are dr
 INSTANCES = 1           # numpy: the task instances an iteration plays (the same on every rank)
 ACTOR_SAMPLING = 1      # torch: the actor's sampling in training
 EXTRACTOR_SAMPLING = 2  # torch: the extractor's sampling (distillation, answers, merges)
-MERGE_PICKS = 3         # numpy: the entries a merge pass consolidates
+RERANK = 4              # numpy: the re-rank's top-1 dropout, in training (in evaluation: seeded at EVAL_STEP)
 EVAL_SAMPLING = 3       # torch: the actor's sampling in evaluation...
 EVAL_STEP = 7           # ...seeded as at this fixed step, so every evaluation of a run draws the same noise
 
@@ -83,7 +97,7 @@ def setting(default, help: str, **checks):
 @dataclass
 class CRLConfig:
     """The algorithm's settings, one line each (train.py makes each a flag; its presets override some)."""
-    # the paper's algorithm (§Actor objective, §Extractor objective, §Experience bank); [code]: the authors' code
+    # the paper's algorithm (§Actor objective, §Extractor objective, §Experience bank); [release]: the authors' code
     mode: str = setting("crl", "crl | grpo (no bank) | static (frozen extractor) | exp-only (frozen actor)",
                         choices=MODES)
     groups: int = setting(16, "task instances per iteration, over all ranks", min=1)
@@ -95,21 +109,22 @@ class CRLConfig:
                                                    "--temperature)", min=0)
     top_p: float = setting(1.0, "nucleus sampling mass, actor and extractor", above=0, max=1)
     top_k: int = setting(0, "sample from the k likeliest tokens only (0: all)", min=0)
-    clip: float = setting(0.2, "PPO clip epsilon of the actor's GRPO loss [code]", min=0)
-    cispo_eps_low: float = setting(0.1, "CISPO importance-weight clip below 1 [code]", min=0)
-    cispo_eps_high: float = setting(0.1, "CISPO importance-weight clip above 1 [code]", min=0)
+    clip: float = setting(0.2, "PPO clip epsilon of the actor's GRPO loss [release]", min=0)
+    cispo_eps_low: float = setting(0.1, "CISPO importance-weight clip below 1 [release]", min=0)
+    cispo_eps_high: float = setting(0.1, "CISPO importance-weight clip above 1 [release]", min=0)
     loss_agg: str = setting("seq-mean-token-mean", "loss aggregation over tokens",
                             choices=("seq-mean-token-mean", "token-mean"))
     adv_std: bool = setting(False, "divide advantages by the subgroup's std (the authors only centre them)")
     split: bool = setting(True, "advantages within the with/without-experience halves of a group (PAPER §Actor "
                                 "objective: split advantage); --no-split: one group of all G, the ablation")
     grad_clip: float = setting(1.0, "gradient-norm clip", above=0)
-    warmup: int = setting(5, "iterations the actor waits while the bank fills [code]", min=0)
-    minibatches: int = setting(1, "optimizer steps per iteration, one epoch over the batch [code: 1]", min=1)
-    retrieve_k: int = setting(1, "lessons injected into a with-experience prompt [code: top 1]", min=1)
+    warmup: int = setting(5, "iterations in which nothing retrieves (all G play without experience) and neither model "
+                             "trains, while the bank fills [release]", min=0)
+    minibatches: int = setting(1, "optimizer steps per iteration, one epoch over the batch [release: 1]", min=1)
+    retrieve_k: int = setting(1, "lessons injected into a with-experience prompt [release: top 1]", min=1)
     free_text: bool = setting(True, "actor replies free text with <answer>ACTION</answer>; else constrained "
                                     "to the valid actions")
-    max_asks: int = setting(2, "search_and_ask calls per free-text episode [code]", min=0)
+    max_asks: int = setting(2, "search_and_ask calls per free-text episode [release]", min=0)
     ask_lessons: int = setting(3, "lessons retrieved for the extractor to answer an ask", min=1)
     history: int | None = setting(None, "turns kept in the actor's context (default none: the whole episode, "
                                         "KV cache kept across turns)", min=0)
@@ -123,17 +138,26 @@ class CRLConfig:
     extractor_reply_tokens: int = setting(1024, "tokens per extractor reply (a --lesson-moves reply gets at "
                                                           "least its longest plan)", min=1)
     episode_chars: int = setting(6000, "characters of a finished episode shown to the extractor", min=2)
-    distill_per_group: int = setting(0, "episodes per group sent to the extractor (0: all)", min=0)
+    distill_from: str = setting("exp", "which episodes the extractor distils: exp, the with-experience half of each "
+                                       "group [release], or all (the paper's text is silent)", choices=("exp", "all"))
+    distill_per_group: int = setting(0, "of those, episodes per group sent to the extractor (0: all)", min=0)
     max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
-    extractor_batch: int = setting(64, "rewarded generations buffered before a CISPO update [code]", min=1)
+    extractor_batch: int = setting(64, "rewarded generations buffered before a CISPO update [release]", min=1)
+    judge: str = setting("accept-refine-reject", "the actor's judgement of a retrieved lesson before it acts: "
+                                                 "accept-refine-reject [release], accept-reject (two constrained words, "
+                                                 "for small models), or none (the paper's text)",
+                         choices=("accept-refine-reject", "accept-reject", "none"))
     credit: str = setting("outcome", "what an episode credits the generations behind the lessons it used: outcome "
-                                     "(+1 success, -1 failure) [code], or lift (its reward minus its group's mean "
-                                     "without experience; not in the paper)", choices=("outcome", "lift"))
+                                     "(its score, 0 -> -1: +1/-1 on success/failure, WebShop's fraction as it is) "
+                                     "[release and paper], or lift (its reward minus its group's mean without "
+                                     "experience; ours)", choices=("outcome", "lift"))
     max_generations: int = setting(4096, "unrewarded extractor generations kept, oldest dropped (a NONE "
                                           "never earns credit)", min=0)
-    merge_every: int = setting(5, "iterations between merge passes (0: never) [code]", min=0)
-    merge_size: int = setting(5, "entries consolidated per merge call [code]", min=1)
-    merge_batches: int = setting(2, "merge calls per task per pass", min=0)
+    merge_every: int = setting(5, "iterations between merge passes (0: never) [release]", min=0)
+    merge_size: int = setting(5, "entries of the bank each merge call adds to what the previous call wrote [release]",
+                              min=1)
+    merge_chunks: int = setting(0, "merge calls per task per pass, the oldest entries first (0: the whole bank "
+                                   "[release])", min=0)
     bank: BankConfig = setting(BankConfig(), "the experience bank")
     # how the work is batched (no effect on what is learned beyond float rounding)
     micro_batch: int = setting(4, "sequences per forward/backward", min=1)
@@ -200,6 +224,7 @@ class Run:
     pool: "EnvPool | None" = None
     generations: dict = field(default_factory=dict)   # generation id -> Generation, awaiting its CISPO update
     generations_made: int = 0                         # on this rank: the next generation id's counter
+    step: int = 0                                     # the iteration under way (the re-rank's recency clock)
     counters: dict = field(default_factory=dict)
     timer: dict = field(default_factory=dict)
 
@@ -287,9 +312,11 @@ class Episode:
     with_exp: bool
     query: str = ""
     instruction: str = ""
-    experience: list = field(default_factory=list)   # texts injected into the prompt
+    lessons: list = field(default_factory=list)      # the retrieved lessons' texts, as the bank holds them
     retrieved: list = field(default_factory=list)    # their entry ids
+    experience: list = field(default_factory=list)   # what the prompt holds: the lessons the actor kept, as it kept them
     sources: list = field(default_factory=list)      # the extractor generations credited by this episode
+    verdicts: dict = field(default_factory=dict)     # generation -> the actor's judgement of its lesson
     segments: list = field(default_factory=list)
     transcript: list = field(default_factory=list)   # (who, text) lines for the extractor
     reward: float = 0.0
@@ -308,7 +335,7 @@ def rollout(run, specs: list[tuple], rng: torch.Generator, temperature: float, t
     """Play every episode in `specs` ((task, seed, group, with_exp) tuples) to the end. All playing episodes
     advance together: one generate() call per turn over one KV-cache session, so a turn prefills only its
     new observation tokens (with cfg.history set, a turn starts a fresh, shorter context instead)."""
-    batch = EpisodeBatch(run, specs, train)
+    batch = EpisodeBatch(run, specs, train, rng, temperature)
     while batch.playing:
         samples = batch.generate(rng, temperature)   # 1. one batched generate call
         questions = batch.act(samples)                # 2. each reply steps its game, or asks the bank
@@ -321,7 +348,7 @@ class EpisodeBatch:
     """The episodes of one rollout call, played in lockstep. Row i is episode i: its game, its last
     observation, its (observation, reply) history, and `feed[i]`, the tokens the actor reads next."""
 
-    def __init__(self, run, specs: list[tuple], train: bool):
+    def __init__(self, run, specs: list[tuple], train: bool, rng, temperature: float):
         self.run, self.cfg, self.tok, self.train = run, run.cfg, run.actor_tok, train
         self.eps = [Episode(task, seed, group, with_exp) for task, seed, group, with_exp in specs]
         self.games = [run.pool.take(e.task, train) for e in self.eps]
@@ -332,9 +359,12 @@ class EpisodeBatch:
             view = (env.map_view() if self.cfg.query_map and hasattr(env, "map_view") else None) or o
             e.instruction, e.query = env.instruction, retrieval_query(env, view)
             e.transcript.append(("environment", view))
-        if self.cfg.uses_bank:
+        # [release] nothing retrieves in the warm-up; the actor judges what it retrieved before it acts
+        self.retrieving = self.cfg.uses_bank and (not train or run.step >= self.cfg.warmup)
+        if self.retrieving:
             retrieve(run, [e for e in self.eps if e.with_exp], train=train)
-        openings = [actor_opening(self.cfg, env, e.experience, o, e.with_exp and self.cfg.uses_bank)
+            judge_lessons(run, [(e, o) for e, o in zip(self.eps, self.obs) if e.retrieved], rng, temperature, train)
+        openings = [actor_opening(self.cfg, env, e.experience, o, e.with_exp and self.retrieving)
                     for env, e, o in zip(self.games, self.eps, self.obs)]
         self.systems, self.obs = [s for s, _ in openings], [o for _, o in openings]
         self.feed = [encode_chat(self.tok, window_messages(s, [], o, 0)) for s, o in zip(self.systems, self.obs)]
@@ -401,7 +431,7 @@ class EpisodeBatch:
             e.transcript.append(("agent", reply))
             self.history[i].append((self.obs[i], reply))
             self.feed[i] = [] if ended else [tok.eos_token_id]   # close a reply cut by the length limit
-            ask = ASK_RE.search(reply) if cfg.free_text and e.with_exp and cfg.uses_bank else None
+            ask = ASK_RE.search(reply) if cfg.free_text and e.with_exp and self.retrieving else None
             if ask and "<answer>" not in reply and e.asks < cfg.max_asks:
                 e.asks += 1
                 questions.append((i, ask.group(1).strip()))
@@ -472,22 +502,101 @@ class EpisodeBatch:
 
 
 def retrieve(run, eps: list[Episode], train: bool = True):
-    """Top-k experience for each with-experience episode, searched by its query. Under DDP every rank runs
-    the same searches (all ranks' queries, in rank order), so the re-rank state of the replicas stays
-    identical; each rank keeps its own results."""
+    """Top-k experience for each with-experience episode, searched by its query and re-ranked for diversity
+    (bank.ExperienceBank.search). Under DDP every rank runs the same searches (all ranks' queries, in rank
+    order, the same dropout draws), so the replicas' usage counts stay identical; each rank keeps its own
+    results. Evaluation reads the counts as the next iteration would and changes nothing."""
     mine = [(e.task, e.query) for e in eps]
     everyone = gather_objects(mine) if train else [mine]
     me = rank() if train else 0
+    now = run.step if train else run.step + 1
+    rng = np.random.default_rng([run.seed, run.step if train else EVAL_STEP, RERANK])
     for r, queries in enumerate(everyone):
         for task in sorted({t for t, _ in queries}):
             idx = [j for j, (t, _) in enumerate(queries) if t == task]
-            results = run.manager.search(task, [queries[j][1] for j in idx], run.cfg.retrieve_k, update=train)
+            results = run.manager.search(task, [queries[j][1] for j in idx], run.cfg.retrieve_k, update=train,
+                                         now=now, rng=rng)
             if r != me:
                 continue
             for j, hits in zip(idx, results):
-                eps[j].experience = [entry.text for entry, _ in hits]
+                eps[j].lessons = eps[j].experience = [entry.text for entry, _ in hits]
                 eps[j].retrieved = [entry.id for entry, _ in hits]
                 eps[j].sources = [entry.source for entry, _ in hits]
+
+
+JUDGE_SYSTEM = (
+    "Before you play a text game, decide whether a piece of knowledge from earlier episodes will help you in "
+    "this episode. Answer accept to use it as it is, reject to play without it, or refine: followed by a better "
+    "version of it.")
+
+
+def judge_lessons(run, items: list[tuple[Episode, str]], rng, temperature: float, train: bool = True):
+    """[release] Before acting, the actor (its own weights; these tokens are not in its loss) judges each
+    retrieved lesson from the task and its first view: accept keeps it, refine replaces it in the prompt by
+    the actor's rewrite, reject or an unparseable answer drops it. The verdict shapes its generation's credit
+    (lesson_credit); the episode stays in the with-experience half whatever it is."""
+    if run.cfg.judge == "none" or not items:
+        return
+    pairs = [(e, j) for e, _ in items for j in range(len(e.lessons))]
+    first = {id(e): obs for e, obs in items}
+    prompts = [judge_prompt(run.actor_tok, e.instruction, first[id(e)], e.lessons[j]) for e, j in pairs]
+    cons = judge_constraint(run) if not run.cfg.free_text else None
+    t0 = time.perf_counter()
+    samples = generate(run.actor, prompts, Constraint.budget(run.cfg.max_reply_tokens, cons and [cons]),
+                       temperature=temperature, top_p=run.cfg.top_p, top_k=run.cfg.top_k,
+                       stop=[run.actor_tok.eos_token_id], tokenizer=run.actor_tok, generator=rng,
+                       constraint=cons and [cons] * len(pairs))
+    run.timer["generate"] += time.perf_counter() - t0
+    kept = {id(e): [] for e, _ in items}
+    for (e, j), s in zip(pairs, samples):
+        verdict, text = parse_verdict(run.actor_tok.decode(s.tokens, skip_special_tokens=True),
+                                      run.cfg.judge == "accept-refine-reject")
+        e.verdicts[e.sources[j]] = verdict
+        if train:
+            run.counters[f"judge_{verdict}"] = run.counters.get(f"judge_{verdict}", 0) + 1
+        if verdict in ("accept", "refine"):
+            kept[id(e)].append(e.lessons[j] if verdict == "accept" else text)
+    for e, _ in items:
+        e.experience = kept[id(e)]
+
+
+def judge_prompt(tok, instruction: str, first_obs: str, lesson: str) -> list[int]:
+    return encode_chat(tok, [{"role": "system", "content": JUDGE_SYSTEM},
+                             {"role": "user", "content": f"Task: {instruction}\nWhat you see first:\n{first_obs}\n"
+                                                         f"Knowledge: {lesson}"}])
+
+
+VERDICT_RE = re.compile(r"^\s*(accept|reject|refine)\b\s*:?\s*(.*)$", re.S | re.I)
+
+
+def parse_verdict(reply: str, refine: bool) -> tuple[str, str]:
+    """A judgement -> (accept | refine | reject | unparsed, the refined text). The answer is the reply's last
+    <answer>...</answer> when it has one; a refine needs its text."""
+    m = VERDICT_RE.match(envs.answer_text(reply.split("</think>")[-1]))
+    if not m:
+        return "unparsed", ""
+    verdict, text = m.group(1).lower(), m.group(2).strip()
+    if verdict == "refine" and not (refine and text):
+        return "unparsed", ""
+    return verdict, text if verdict == "refine" else ""
+
+
+def judge_constraint(run) -> Constraint:
+    """A constrained actor's judgement: `accept` or `reject`, or `refine: ` and its rewrite in free text."""
+    tok = run.actor_tok
+    if run.cfg.judge == "accept-reject":
+        return Constraint.from_strings(tok, ["accept", "reject"])
+    ends = [tok.encode(w, add_special_tokens=False) + [tok.eos_token_id] for w in ("accept", "reject")]
+    return Constraint(ends + [tok.encode("refine: ", add_special_tokens=False)], free_after=True)
+
+
+def lesson_credit(score: float, verdict: str | None, zero_is_failure: bool = True) -> float:
+    """[release] What a lesson's generation earns from one episode of this score: reject -1, refine +0.5,
+    accept the score + 1; unjudged (an ask's answer) or unparsed, the score itself. Then a 0 counts as a
+    failure, -1: so +2 / +1 for an accepted lesson on a success / failure (never negative), +1 / -1 unjudged,
+    and WebShop's 0.6 stays 0.6. (Not for the lift credit, whose 0 means no effect.)"""
+    value = {"reject": -1.0, "refine": 0.5, "accept": score + 1.0}.get(verdict, score)
+    return -1.0 if zero_is_failure and value == 0 else value
 
 # ---------------------------------------------------------------------------------------------------------
 # The objectives (PAPER §Actor objective, §Extractor objective): GRPO on split advantages for the actor,
@@ -496,7 +605,7 @@ def retrieve(run, eps: list[Episode], train: bool = True):
 def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch.Tensor, std: bool = False
                      ) -> torch.Tensor:
     """A_i = R_i - mean(R) within each (group, with/without experience) subgroup (PAPER §Actor objective: split
-    advantage; [code] no division by the std unless `std`). Keeps a learning signal for experience-free play."""
+    advantage; [release] no division by the std unless `std`). Keeps a learning signal for experience-free play."""
     rewards = rewards.double()
     adv = torch.zeros_like(rewards)
     sub = group.long() * 2 + with_exp.long()
@@ -510,7 +619,7 @@ def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch
 
 def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, agg: str = "seq-mean-token-mean", **denoms):
     """-min(r A, clip(r, 1-eps, 1+eps) A) per token, r = pi/pi_old: PPO-clip with no KL and no entropy
-    (PAPER §Actor objective [code]). logp/old_logp/mask [B,T], adv [B]. A clipped token has no gradient."""
+    (PAPER §Actor objective [release]). logp/old_logp/mask [B,T], adv [B]. A clipped token has no gradient."""
     r = torch.exp(logp - old_logp)
     a = adv[:, None]
     per_token = -torch.minimum(r * a, r.clamp(1 - clip, 1 + clip) * a)
@@ -520,7 +629,7 @@ def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, agg: str = "seq-mean
 def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1,
                agg: str = "seq-mean-token-mean", **denoms):
     """CISPO (MiniMax-M1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi. The importance weight is
-    clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [code])."""
+    clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [release])."""
     weight = torch.exp(logp - old_logp).clamp(1 - eps_low, 1 + eps_high).detach()
     per_token = -weight * adv[:, None] * logp
     return aggregate(per_token, mask, agg, **denoms)
@@ -559,9 +668,11 @@ EXTRACTOR_FORMAT = "Reason if it helps, then put the operations inside <answer><
 
 MERGE_SYSTEM = (
     "You keep a bank of short lessons for an agent that plays a text game. Consolidate the numbered lessons "
-    "below into fewer, more general ones without losing what is useful: write lines\n"
+    "below without losing what is useful: merge lessons that say the same thing, rewrite an unclear one, "
+    "discard one that is wrong or useless. Write at most {max_operations} lines\n"
     "UPDATE <numbers, comma-separated>: <one lesson that replaces them>\n"
-    "or NONE if they are fine as they are.")
+    "DISCARD <numbers, comma-separated>\n"
+    "or NONE if they are fine as they are. Lessons you do not name stay as they are.")
 
 
 ASK_SYSTEM = ("You advise an agent that plays a text game. Answer its question in at most three sentences, "
@@ -598,21 +709,22 @@ def extractor_prompt(run, e: Episode) -> list[int]:
     system = (EXTRACTOR_SYSTEM.format(max_operations=cfg.max_operations)
               + ("\n" + EXTRACTOR_FORMAT if cfg.extractor_free_text else ""))
     user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.success else 'FAILURE'}\n"
-            f"Lessons shown to the agent:\n{shown_lessons(e.experience)}\n"
+            f"Lessons retrieved for the agent:\n{shown_lessons(e.lessons)}\n"
             f"Episode:\n{render_episode(e, cfg.episode_chars)}")
     return encode_chat(run.extractor_tok, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
 
-OP_RE = re.compile(r"^(ADD|UPDATE|NONE)\b\s*([0-9][0-9,\s]*)?:?\s*(.*)$", re.I)
+OP_RE = re.compile(r"^(ADD|UPDATE|DISCARD|NONE)\b\s*([0-9][0-9,\s]*)?:?\s*(.*)$", re.I)
 
 
 ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
 
 
-def parse_operations(reply: str, shown: int, max_ops: int = 3) -> tuple[list[tuple], int]:
+def parse_operations(reply: str, shown: int, max_ops: int = 3, merge: bool = False) -> tuple[list[tuple], int]:
     """Reply -> ([(kind, targets, text)], parse failures). Accepts `ADD: text`, `UPDATE 1,2: text` (targets
-    are 1-based indices of the shown lessons) and `NONE`, inside <answer> when present. A line that is none
-    of these, or names a lesson that was not shown, is a failure: counted, skipped, never fatal."""
+    are 1-based indices of the shown lessons) and `NONE`, inside <answer> when present; a merge takes
+    `DISCARD 1,2` instead of ADD. A line that is none of these, or names a lesson that was not shown, is a
+    failure: counted, skipped, never fatal."""
     m = ANSWER_RE.search(reply.split("</think>")[-1])
     tagged = m is not None
     region = m.group(1) if tagged else reply.split("</think>")[-1]
@@ -627,8 +739,10 @@ def parse_operations(reply: str, shown: int, max_ops: int = 3) -> tuple[list[tup
         body = op.group(3).strip() if op else ""
         if kind == "NONE":
             ops.append(("none", (), ""))
-        elif kind == "ADD" and body and not targets:
+        elif kind == "ADD" and body and not targets and not merge:
             ops.append(("add", (), body))
+        elif kind == "DISCARD" and merge and targets and not body and all(1 <= t <= shown for t in targets):
+            ops.append(("discard", tuple(sorted(set(targets))), ""))
         elif kind == "UPDATE" and body and targets and all(1 <= t <= shown for t in targets):
             ops.append(("update", tuple(sorted(set(targets))), body))
         else:
@@ -716,11 +830,13 @@ def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool 
 
 
 def credit_generations(run, eps: list[Episode]):
-    """Each episode credits the generations behind what it used: +1 on success, -1 on failure [code] (or, with
-    cfg.credit "lift", episode_lift). Credits from every rank reach the rank that owns the generation (PAPER
-    §Extractor objective: reward attribution)."""
-    worth = episode_lift(eps) if run.cfg.credit == "lift" else [1.0 if e.success else -1.0 for e in eps]
-    credits = [(src, c) for e, c in zip(eps, worth) for src in e.sources]
+    """Each episode credits the generations behind what it used: its score (0 -> -1), shaped by the actor's
+    verdict on each lesson (lesson_credit) [release] (or, with cfg.credit "lift", episode_lift). Credits from
+    every rank reach the rank that owns the generation (PAPER §Extractor objective: reward attribution)."""
+    lift = run.cfg.credit == "lift"
+    worth = episode_lift(eps) if lift else [e.reward for e in eps]
+    credits = [(src, lesson_credit(w, e.verdicts.get(src), zero_is_failure=not lift))
+               for e, w in zip(eps, worth) for src in e.sources]
     for rank_credits in gather_objects(credits):
         for src, c in rank_credits:
             if src in run.generations:
@@ -741,7 +857,9 @@ def episode_lift(eps: list[Episode]) -> list[float]:
 
 
 def extractor_update(run) -> dict:
-    """Once enough generations have rewards (over all ranks), one CISPO step with A = reward - batch mean."""
+    """Once enough generations have rewards (over all ranks), one CISPO step with A = reward - batch mean. A
+    trained generation stays: when its lesson is used again it returns with the mean of its new credits
+    [release]."""
     cfg = run.cfg
     ready = [g for g in run.generations.values() if g.credits]
     total = all_reduce_sum(len(ready))
@@ -761,48 +879,79 @@ def extractor_update(run) -> dict:
                           (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high), cfg.extractor_temperature)
     run.timer["extractor_update"] += time.perf_counter() - t0
     for g in ready:
-        del run.generations[g.id]
+        g.credits = []
     stats["reward"] = mean
     stats["generations"] = total
     return stats
 
 
 def merge_pass(run, step: int, rng) -> list[Operation]:
-    """Consolidate small batches (merge_size) of similar entries of one task into fewer, more general ones
-    (PAPER §Experience bank: merge). Every rank picks the same batches from its identical replica; rank r writes
-    batch r mod W."""
+    """Consolidate each task's whole bank [release] (PAPER §Experience bank: merge): its entries, oldest first,
+    merge_size at a time, each extractor call shown what the previous call of the chain wrote and the next
+    chunk, free to merge, rewrite or discard them (MergeChain). A task's chain is sequential; the chains of
+    different tasks advance side by side, one batched call a round. Rank r walks the tasks r, r + W, ...; the
+    caller applies every rank's operations."""
     cfg, bank = run.cfg, run.manager.bank
-    picker = np.random.default_rng([run.seed, step, MERGE_PICKS])
-    batches = []
-    for task in sorted(bank.tasks()):
-        entries = bank.entries(task)
-        if len(entries) < 2:
-            continue
-        for _ in range(cfg.merge_batches):
-            anchor = entries[int(picker.integers(len(entries)))]
-            batches.append((task, bank.neighbours(anchor.id, cfg.merge_size)))
-    mine = batches[rank()::world()]
-    if not mine:
-        return []
-    prompts = []
-    for task, similar in mine:
-        user = f"Task: {task}\nLessons:\n{shown_lessons([x.text for x in similar])}"
-        prompts.append(encode_chat(run.extractor_tok, [{"role": "system", "content": MERGE_SYSTEM},
-                                                       {"role": "user", "content": user}]))
-    outputs = extractor_generate(run, prompts, [t for t, _ in mine], rng,
-                                 heads_for(run, [len(similar) for _, similar in mine], [t for t, _ in mine],
-                                           merge=True))
-    ops = []
-    for (task, similar), (gen_id, reply) in zip(mine, outputs):
-        parsed, bad = parse_operations(reply, len(similar), cfg.max_operations)
-        run.counters["parse_failures"] += bad
-        for kind, targets, text in parsed:
-            if kind != "update":
-                continue
-            ids = tuple(similar[t - 1].id for t in targets)   # key None: the bank uses the mean of their keys
-            ops.append(Operation("update", task, text, ids, None, gen_id, step))
-    run.counters["merges"] += len(ops)
+    chains = [MergeChain(task, bank.entries(task), cfg.merge_size, cfg.merge_chunks)
+              for task in sorted(bank.tasks())[rank()::world()] if bank.size(task) >= 2]
+    system = MERGE_SYSTEM.format(max_operations=cfg.max_operations)
+    while live := [c for c in chains if c.next_chunk()]:
+        prompts = [encode_chat(run.extractor_tok, [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Task: {c.task}\nLessons:\n{shown_lessons([t for t, _, _ in c.shown])}"}])
+            for c in live]
+        tasks = [c.task for c in live]
+        outputs = extractor_generate(run, prompts, tasks, rng,
+                                     heads_for(run, [len(c.shown) for c in live], tasks, merge=True))
+        for c, (gen_id, reply) in zip(live, outputs):
+            parsed, bad = parse_operations(reply, len(c.shown), cfg.max_operations, merge=True)
+            run.counters["parse_failures"] += bad
+            c.apply(parsed, gen_id)
+    ops = [op for c in chains for op in c.operations(step)]
+    run.counters["merges"] += sum(op.kind == "update" for op in ops)
+    run.counters["discards"] += sum(op.kind == "remove" for op in ops)
     return ops
+
+
+class MergeChain:
+    """One task's rolling merge. Each item shown is (text, the bank entries it stands for, the generation that
+    wrote it; None for an entry as the bank holds it). A call's UPDATE replaces the items it names by one new
+    item, DISCARD drops them, anything not named stays as it is; the new items are carried into the next
+    call. At the end each new item replaces, in the bank, every entry it stands for (keyed by the mean of
+    their keys) and each discard removes its entries, credited to the generation that wrote it."""
+
+    def __init__(self, task: str, entries: list, size: int, max_chunks: int = 0):
+        self.task, self.size, self.calls_left = task, size, max_chunks or math.inf
+        self.pending = [(e.text, (e.id,), None) for e in entries]   # oldest first
+        self.carried, self.written, self.discarded, self.shown = [], [], [], []
+
+    def next_chunk(self) -> bool:
+        """The next call's lessons (what the last call wrote, then the next entries), if any call is left."""
+        if not self.pending or self.calls_left <= 0:
+            self.written += self.carried
+            self.carried, self.shown = [], []
+            return False
+        self.calls_left -= 1
+        self.shown = self.carried + self.pending[:self.size]
+        self.pending, self.carried = self.pending[self.size:], []
+        return True
+
+    def apply(self, parsed: list[tuple], gen_id: int):
+        left = dict(enumerate(self.shown, 1))
+        for kind, targets, text in parsed:
+            items = [left.pop(t) for t in targets if t in left]   # an item named twice counts once
+            if not items:
+                continue
+            ids = tuple(i for _, item_ids, _ in items for i in item_ids)
+            if kind == "update":
+                self.carried.append((text, ids, gen_id))
+            else:
+                self.discarded.append((ids, gen_id))
+        self.written += [item for item in left.values() if item[2] is not None]   # written earlier, kept as it is
+
+    def operations(self, step: int) -> list[Operation]:
+        return ([Operation("update", self.task, text, ids, None, gen, step) for text, ids, gen in self.written]
+                + [Operation("remove", self.task, "", ids, None, gen, step) for ids, gen in self.discarded])
 
 
 def apply_everywhere(run, ops: list[Operation]):
@@ -816,29 +965,35 @@ def apply_everywhere(run, ops: list[Operation]):
 def train_step(run, step: int) -> dict:
     """One co-evolution iteration, its steps numbered below; returns its metrics (identical on every rank)."""
     cfg = run.cfg
-    run.timer = {k: 0.0 for k in ("generate", "env", "update", "extractor", "extractor_update")}
-    run.counters = {k: 0 for k in ("parse_failures", "operations", "merges")}
+    run.timer = {k: 0.0 for k in ("generate", "env", "update", "extractor", "extractor_update", "merge")}
+    run.counters = {k: 0 for k in ("parse_failures", "operations", "merges", "discards", "judge_accept",
+                                   "judge_refine", "judge_reject", "judge_unparsed")}
+    run.step = step
     actor_rng = seeded_generator(run.actor.device, run.seed, step, rank(), ACTOR_SAMPLING)
     extractor_rng = (seeded_generator(run.extractor.device, run.seed, step, rank(), EXTRACTOR_SAMPLING)
                      if run.extractor else None)
 
     # 1-2. G rollouts of each task instance
+    shown = searches(run)
     with parallel.full_weights(run):
         eps = rollout(run, episode_specs(run, step), actor_rng, cfg.temperature)
-    metrics = {"step": step, **success_metrics(eps, "train")}
+    metrics = {"step": step, **success_metrics(eps, "train"), **retrieval_metrics(run, shown)}
+    trains = step >= cfg.warmup or not cfg.uses_bank   # [release] neither model trains in the warm-up
     distilling = None
     if cfg.uses_bank:
         record_outcomes(run, eps)                                      # 3. bank usage, credit to generations
         distilling = distill_episodes(run, eps, step, extractor_rng)   # 4. lessons, while the actor trains
-    if cfg.trains_actor and (step >= cfg.warmup or not cfg.uses_bank):
+    if cfg.trains_actor and trains:
         metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
     if distilling is not None:
         apply_everywhere(run, distilling.result())         # every rank's lessons, in rank order
-    if cfg.trains_extractor:
+    if cfg.trains_extractor and trains:
         metrics.update(extractor_step(run))                # 6. CISPO on the generations judged so far
     if cfg.uses_bank and cfg.merge_every and (step + 1) % cfg.merge_every == 0:
+        t0 = time.perf_counter()
         with parallel.full_weights(run, actor=False):
-            apply_everywhere(run, merge_pass(run, step, extractor_rng))   # 7. merge similar lessons
+            apply_everywhere(run, merge_pass(run, step, extractor_rng))   # 7. consolidate the whole bank
+        run.timer["merge"] = time.perf_counter() - t0
     return {**metrics, **episode_metrics(run, eps)}
 
 
@@ -868,14 +1023,14 @@ def record_outcomes(run, eps: list[Episode]):
 
 
 def distill_episodes(run, eps: list[Episode], step: int, rng) -> "parallel.Distillation":
-    """Distil the episodes (or `distill_per_group` of each group) into bank operations, on the bank's
-    background thread while the actor trains (inline with --distill inline, the CPU default). The caller
-    applies every rank's operations in rank order after the update: the replicas stay identical and runs
-    reproducible."""
-    chosen = eps
+    """Distil the with-experience half of each group [release] (cfg.distill_from all: every episode; and of
+    those `distill_per_group` a group) into bank operations, on the bank's background thread while the actor
+    trains (inline with --distill inline, the CPU default). The caller applies every rank's operations in
+    rank order after the update: the replicas stay identical and runs reproducible."""
+    chosen = [e for e in eps if e.with_exp or run.cfg.distill_from == "all"]
     if run.cfg.distill_per_group:
         by_group = {}
-        for e in eps:
+        for e in chosen:
             by_group.setdefault(e.group, []).append(e)
         chosen = [e for g in sorted(by_group) for e in distill_choice(by_group[g], run.cfg.distill_per_group)]
     return parallel.Distillation(run, distill, chosen, step, rng)
@@ -1151,6 +1306,19 @@ def success_metrics(eps: list[Episode], prefix: str) -> dict:
             total[k] = (tn + n, ts + s, tr + r)
     return {k.format(name): v / n for k, (n, s, r) in sorted(total.items())
             for name, v in (("success", s), ("reward", r))}
+
+
+def searches(run) -> tuple[int, int]:
+    """The bank's running counts of training searches and of picks off the cosine top 1."""
+    stats = run.manager.bank.stats if run.manager is not None else {}
+    return stats.get("searches", 0), stats.get("off_top1", 0)
+
+
+def retrieval_metrics(run, before: tuple[int, int]) -> dict:
+    """The share of this iteration's retrievals whose pick is not the cosine top 1: how much the re-rank
+    decides. Every rank ran every search, so the bank's counts are already global."""
+    n, off = (now - then for now, then in zip(searches(run), before))
+    return {"retrieval/off_top1": off / n} if n else {}
 
 
 def episode_metrics(run, eps: list[Episode]) -> dict:

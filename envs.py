@@ -12,6 +12,8 @@ words, e.g. `stairs down (>): 1 southeast, 1 east`).
 - ALFWorld (`alfworld`): the real `alfworld` + `textworld` games read from `$ALFWORLD_DATA` (else unpacked
   from the repository's data/alfworld-games.tar.xz by `alfworld_data_dir`).
 - WebShop (`webshop`): the original site's pages, search and reward, rebuilt offline in webshop.py.
+- Vault (`vault`): a named vault with eight doors, one of which opens; which one is a secret of the name,
+  so only memory (the experience bank) carries it from one episode to the next.
 
 Every env has `.instruction`, `.actions`, `.max_steps`, `reset(seed=None) -> str` and
 `step(reply) -> (obs, reward, done, info)` with `info["success"]`, `info["invalid"]`, `info["steps"]`.
@@ -20,6 +22,7 @@ crl.py calls `make()`; `python envs.py play TASK` shows a person exactly what th
 """
 import contextlib
 import functools
+import hashlib
 import json
 import multiprocessing
 import os
@@ -41,7 +44,7 @@ import numpy as np
 import webshop
 from webshop import webshop_reward, webshop_search  # noqa: F401  (the pure functions WebShop is built on)
 
-TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop")
+TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop", "vault")
 MAX_STEPS = 30  # the paper's per-episode action limit for MiniHack, Sokoban and ALFWorld (WebShop: 10)
 DATA = Path(__file__).resolve().parent / "data"
 HELD_OUT = {"alfworld": "valid_unseen", "webshop": "test"}  # the split evaluation plays (training: "train")
@@ -689,6 +692,92 @@ class WebShop:
         return obs, reward, self.done, info
 
 
+# ------------------------------------------------------------------------------------------------- Vault
+
+_VAULT_WORDS = (   # no word holds a door word ("beast" would hold "east"), so a name never names a door
+    ("amber azure beige black blue bronze brown coral cream crimson cyan ebony emerald gold green grey indigo "
+     "ivory jade khaki lemon lilac lime magenta maroon mauve mint navy ochre olive orange peach pearl pink "
+     "plum purple red rose ruby rust saffron sage scarlet silver tan teal violet white").split(),
+    ("granite marble copper iron oak cedar glass velvet silk stone brass clay steel tin wool linen slate "
+     "chalk flint quartz cobalt pewter birch maple pine willow bamboo cotton leather paper porcelain crystal "
+     "basalt timber canvas wicker ancient quiet hollow silent frozen gentle hidden narrow rusty sunken misty "
+     "humble").split(),
+    ("heron otter badger falcon fox hare lynx moth newt owl raven salmon seal swan tiger wolf yak zebra bison "
+     "camel crane deer eagle ferret gecko ibis koala lark llama mole panda pike quail robin shark sparrow toad "
+     "trout viper walrus wren anchor lantern kettle compass bell harp crown").split(),
+)
+VAULT_MEMORYLESS_BEST = 3 / 8   # three distinct doors of eight, the secret uniform: the best without memory
+
+
+def _stable_hash(text: str) -> int:
+    """64 bits of blake2b: the same in every process (Python's hash() of a str is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def vault_name(seed: int) -> str:
+    """The vault a seed plays: three words, one from each vocabulary (seed 3: 'peach misty newt'). There are
+    48**3 names, so a few seeds share one, and with it the vault."""
+    h, words = _stable_hash(f"vault name {int(seed)}"), []
+    for vocab in _VAULT_WORDS:
+        h, i = divmod(h, len(vocab))
+        words.append(vocab[i])
+    return " ".join(words)
+
+
+def vault_secret(name: str) -> str:
+    """The door that opens a vault: a function of the name alone (two seeds with one name are one vault),
+    drawn by a hash, so no rule shared across vaults (no word, no seed arithmetic) predicts it."""
+    return _MOVES[_stable_hash(f"vault door {name}") % len(_MOVES)]
+
+
+class Vault:
+    """A vault with eight doors, one of which opens. The vault's name, shown in the first observation, is
+    all that tells vaults apart; its open door is `vault_secret(name)` and is shown by nothing until it
+    opens. So the task is pure memory: the best an actor without memory can do is try three distinct doors,
+    success 3/8 (`VAULT_MEMORYLESS_BEST`; guessing uniformly with repeats: 1 - (7/8)**3 = 0.33), while an
+    actor that remembers this vault's door (from the experience bank) opens it at the first try.
+
+    Reward 1 when the door opens; 0 when `tries` doors turned out locked (a repeated door uses a try too) or
+    the step limit came first. An invalid reply uses a step but not a try. A locked door's observation lists
+    every door tried so far, so an actor that reads only the last observation can still avoid repeats."""
+
+    actions = _MOVES
+
+    def __init__(self, seed=None, max_steps: int = MAX_STEPS, tries: int = 3):
+        if tries < 1:
+            raise ValueError(f"vault needs tries >= 1, got {tries}")
+        self.max_steps, self.tries = max_steps, tries
+        self.instruction = (f"You are in a vault with eight doors. One door opens; the others are locked. You "
+                            f"have {tries} tries. The same vault (same name) always opens by the same door. "
+                            f"Actions: {', '.join(_MOVES)}.")
+        self._rng = random.Random(seed)
+        self.done = True
+
+    def reset(self, seed=None) -> str:
+        self.episode_seed = _seed_from(self._rng, seed)
+        self.name = vault_name(self.episode_seed)
+        self.secret = vault_secret(self.name)
+        self.steps, self.done, self.tried = 0, False, []
+        return (f"You are in the {self.name} vault. Eight doors lead out; one of them opens. "
+                f"Tries left: {self.tries}.")
+
+    def step(self, reply: str):
+        action, info = begin_step(self, reply)
+        if action is None:
+            obs = invalid_text(reply, self.actions)
+        elif action == self.secret:
+            info["success"] = True
+            obs = f"The {action} door of the {self.name} vault opens. You are out."
+        else:
+            self.tried.append(action)
+            left = self.tries - len(self.tried)
+            obs = (f"The {action} door is locked. Locked doors: {', '.join(dict.fromkeys(self.tried))}. "
+                   + (f"Tries left: {left}." if left else "No tries left: the vault stays shut."))
+        info["tries_used"] = len(self.tried) + info["success"]
+        self.done = info["success"] or len(self.tried) >= self.tries or self.steps >= self.max_steps
+        return obs, float(info["success"]), self.done, info
+
+
 # -------------------------------------------------------------------------------------------------- make
 
 def make(task: str, seed=None, **kwargs):
@@ -702,6 +791,8 @@ def make(task: str, seed=None, **kwargs):
         return ALFWorld(seed=seed, **kwargs)
     if task == "webshop":
         return WebShop(seed=seed, **kwargs)
+    if task == "vault":
+        return Vault(seed=seed, **kwargs)
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
 
 

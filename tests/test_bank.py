@@ -35,7 +35,7 @@ def check_consistent(bank):
         assert (part.ids[part.n:] == -1).all()
         for r, eid in enumerate(live_ids):
             assert part.row_of[eid] == r and bank._entries[eid].task == task
-            assert part.uses[r] == bank._entries[eid].uses
+            assert part.shown[r] == bank._entries[eid].shown
         seen |= set(live_ids)
     assert seen == set(bank._entries) and len(seen) == len(bank)
 
@@ -75,58 +75,55 @@ def test_search_unknown_task_small_task_and_bad_queries():
         bank.search("a", torch.ones(4), 0)
 
 
-def test_use_penalty_reranks_by_hand():
-    bank = ExperienceBank(2, use_penalty=0.4, recency_penalty=0.0)
-    a = bank.add("t", "A", torch.tensor([1.0, 0.0]))     # cos 1.0 to the query
-    b = bank.add("t", "B", torch.tensor([0.8, 0.6]))     # cos 0.8
-    q = torch.tensor([1.0, 0.0])
-    assert [e.id for e, _ in bank.search("t", q, 2)[0]] == [a, b]
-    bank.record_use([a, a], success=True)   # A: 1 - 0.4*log(3) = 0.561 < 0.8
-    assert bank.get(a).uses == 2 and bank.get(a).successes == 2
-    (res,) = bank.search("t", q, 2)
-    assert [e.id for e, _ in res] == [b, a]
-    assert [s for _, s in res] == pytest.approx([0.8, 1.0])   # reported scores stay cosine
-    bank.record_use([b] * 2, success=False)  # B: 0.8 - 0.4*log(3) < A again
-    assert [e.id for e, _ in bank.search("t", q, 1)[0]] == [a]
-    assert bank.get(b).successes == 0
+def three(**kw):
+    """Entries A, B, C at cosine 1.0, 0.9, 0.8 to the query [1, 0]: ranks 0, 1, 2."""
+    bank = ExperienceBank(2, **kw)
+    for text, c in (("A", 1.0), ("B", 0.9), ("C", 0.8)):
+        bank.add("t", text, torch.tensor([c, math.sqrt(1 - c * c)]))
+    return bank
 
 
-def test_neighbours_are_the_nearest_of_the_same_task():
-    rng = np.random.default_rng(4)
-    keys = unit(rng, 40, 8)
-    bank = plain(8)
-    ids = [bank.add("ab"[i % 2], f"e{i}", torch.from_numpy(keys[i])) for i in range(40)]
-    got = bank.neighbours(ids[6], 4)
-    same = [i for i in range(40) if i % 2 == 0 and i != 6]
-    want = [6] + sorted(same, key=lambda i: -float(keys[i] @ keys[6]))[:3]
-    assert [e.id for e in got] == [ids[i] for i in want]
-    assert bank.neighbours(ids[6], 100)[0].id == ids[6] and len(bank.neighbours(ids[6], 100)) == 20
-    bank.remove([ids[6]])
-    assert bank.neighbours(ids[6], 4) == []
+Q = torch.tensor([1.0, 0.0])
 
 
-def test_recency_penalty_by_hand_and_batch_equals_sequence():
-    def make():
-        bank = ExperienceBank(2, use_penalty=0.0, recency_window=1, recency_penalty=0.5)
-        bank.add("t", "A", torch.tensor([1.0, 0.0]))   # cos 1.0
-        bank.add("t", "B", torch.tensor([0.8, 0.6]))   # cos 0.8
-        return bank
-    q = torch.tensor([1.0, 0.0])
-    bank = make()
-    # A; then A was returned 1 query ago (1 - 0.5 < 0.8) so B; then A is 2 queries old again and B recent
-    seq = [bank.search("t", q, 1)[0][0][0].text for _ in range(4)]
-    assert seq == ["A", "B", "A", "B"]
-    batched = make().search("t", q.expand(4, 2), 1)
-    assert [r[0][0].text for r in batched] == seq
-    # update=False reads the clock without moving it: the A/B alternation goes on as if it never happened
-    bank = make()
-    out = []
-    for i in range(4):
-        peek = bank.search("t", q.expand(3, 2), 1, update=False)
-        assert len({r[0][0].text for r in peek}) == 1     # all see the same state
-        out.append(bank.search("t", q, 1)[0][0][0].text)
-        assert peek[0][0][0].text == out[-1]              # the peek predicted the next real answer
-    assert out == seq
+def test_use_penalty_is_on_the_rank_scale_by_hand():
+    """-rank - 0.4*log(1 + shown): A stays first while 0.4*log(1 + n) < 1, i.e. for its first 12 showings
+    (0.4*log 12 = 0.994), and loses to B at the 13th (0.4*log 13 = 1.026). On the cosine scale it would lose
+    after one showing (1 - 0.4*log 2 = 0.72 < 0.9)."""
+    bank = three(recency_penalty=0.0)
+    seq = [bank.search("t", Q, 1, now=i)[0][0][0].text for i in range(13)]
+    assert seq == ["A"] * 12 + ["B"]
+    assert [e.shown for e in bank.entries("t")] == [12, 1, 0]
+    assert [e.uses for e in bank.entries("t")] == [0, 0, 0]          # uses count finished episodes, apart
+    assert (bank.stats["searches"], bank.stats["off_top1"]) == (13, 1)
+    (res,) = bank.search("t", Q, 3, update=False)
+    # now B, shown once, scores -1 - 0.4*log 2 = -1.277 < A's -1.026: A is back on top; scores stay cosine
+    assert [(e.text, round(s, 6)) for e, s in res] == [("A", 1.0), ("B", 0.9), ("C", 0.8)]
+    assert bank.stats["searches"] == 13                               # a read-only search counts nothing
+
+
+def test_recency_is_one_rank_within_the_window_and_the_dropout_moves_a_recent_top1_last():
+    """Shown at iteration 5 with window 1: recent at 5 and 6, not at 7. A recent A scores -1 and ties B,
+    which it keeps beating (ties keep cosine order); with dropout the recent top 1 goes last when the draw is
+    below p; a recent non-top-1 is never moved."""
+    bank = three(use_penalty=0.0)
+    assert bank.search("t", Q, 1, now=5)[0][0][0].text == "A"
+    assert [e.text for e, _ in bank.search("t", Q, 3, update=False, now=6)[0]] == ["A", "B", "C"]   # tie
+    bank = three(use_penalty=0.0, recency_penalty=1.5)
+    bank.search("t", Q, 1, now=5)
+    assert [e.text for e, _ in bank.search("t", Q, 3, update=False, now=6)[0]] == ["B", "A", "C"]   # -1.5 < -1
+    assert [e.text for e, _ in bank.search("t", Q, 3, update=False, now=7)[0]] == ["A", "B", "C"]   # out of window
+    # dropout: the draws of a seeded generator decide, query by query
+    bank = three(use_penalty=0.0)
+    bank.search("t", Q, 1, now=5)
+    draws = np.random.default_rng(3).random(6)
+    got = bank.search("t", Q.expand(6, 2), 3, update=False, now=6, rng=np.random.default_rng(3))
+    assert [[e.text for e, _ in r] for r in got] == [["B", "C", "A"] if u < 0.5 else ["A", "B", "C"] for u in draws]
+    assert 0 < sum(draws < 0.5) < 6
+    # a batch reads the counts as they were before it (the release's one snapshot a batch)
+    bank = three(use_penalty=0.0, dropout=0.0)
+    assert [r[0][0].text for r in bank.search("t", Q.expand(3, 2), 1, now=0)] == ["A", "A", "A"]
+    assert bank.get(0).shown == 3 and bank.search("t", Q, 1, now=0)[0][0][0].text == "A"   # tie again
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -254,29 +251,30 @@ def same_layout(a, b):
         assert a.entries(task) == b.entries(task)   # same records, same (oldest-first) order
         pa, pb = a._parts[task], b._parts[task]
         n = pb.n
-        assert pa.n == n and pa.tick == pb.tick and torch.equal(pa.keys[:n], pb.keys[:n])
-        for name in ("ids", "uses", "last_hit"):
+        assert pa.n == n and torch.equal(pa.keys[:n], pb.keys[:n])
+        for name in ("ids", "shown", "last_shown"):
             np.testing.assert_array_equal(getattr(pa, name)[:n], getattr(pb, name)[:n])
 
 
 def test_save_load_round_trip_is_exact(tmp_path):
     bank = filled_bank()
     rng = np.random.default_rng(4)
-    for task in bank.tasks():   # move the recency clock: the re-rank state must survive the round trip
-        bank.search(task, torch.from_numpy(unit(rng, 5, 16)), 2)
+    for task in bank.tasks():   # show some entries: the re-rank state must survive the round trip
+        bank.search(task, torch.from_numpy(unit(rng, 5, 16)), 2, now=3)
     ExperienceBank(16).save(tmp_path / "bank")
     bank.save(tmp_path / "bank")            # a second save into the directory replaces the first
     assert sorted(p.name for p in (tmp_path / "bank").iterdir()) == ["entries.jsonl", "keys.safetensors",
                                                                       "meta.json"]
     got = ExperienceBank.load(tmp_path / "bank")
-    assert (got.dim, got.capacity, got.candidates, got.use_penalty, got.recency_window, got.recency_penalty) == \
-        (bank.dim, bank.capacity, bank.candidates, bank.use_penalty, bank.recency_window, bank.recency_penalty)
+    settings = ("dim", "capacity", "candidates", *B.RERANK)
+    assert [getattr(got, k) for k in settings] == [getattr(bank, k) for k in settings]
     same_layout(got, bank)
     check_consistent(got)
     q = torch.cat([torch.from_numpy(unit(rng, 6, 16)), bank.key(bank.entries("room")[-1].id)[None]])
-    for _ in range(3):          # the same answers, scores and ties, and the same moves of the recency clock
+    for now in (3, 4, 6):       # the same answers, scores, ties and dropouts, and the same counts after
         for task in bank.tasks():
-            assert got.search(task, q, 3) == bank.search(task, q, 3)
+            draws = lambda: np.random.default_rng(now)   # noqa: E731
+            assert got.search(task, q, 3, now=now, rng=draws()) == bank.search(task, q, 3, now=now, rng=draws())
     same_layout(got, bank)
     new = got.add("room", "after load", torch.ones(16))
     assert new == bank._next_id                        # ids are never reused
@@ -312,9 +310,34 @@ def test_loads_the_older_snapshot_layout(tmp_path):
     check_consistent(got)
     assert got.stats == bank.stats and got.tasks() == bank.tasks()
     for task in bank.tasks():
-        assert got.entries(task) == bank.entries(task) and got._parts[task].tick == bank._parts[task].tick
+        assert got.entries(task) == bank.entries(task)
         for e in bank.entries(task):
             assert torch.equal(got.key(e.id), bank.key(e.id))
+
+
+def test_a_bank_saved_before_the_rank_scale_rerank_loads(tmp_path):
+    """A version-2 bank (cosine-scale re-rank, query-tick recency: every committed run in results/) loads with a
+    warning: its entries and keys as they were, times shown = its uses, no entry recent, the re-rank settings
+    the current defaults (its own were on another scale)."""
+    bank = filled_bank()
+    bank.save(tmp_path / "b")
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    meta.update(version=2, use_penalty=0.4, recency_window=32, recency_penalty=0.1, ticks={"room": 9})
+    del meta["dropout"]
+    (tmp_path / "b" / "meta.json").write_text(json.dumps(meta))
+    records = [json.loads(line) for line in (tmp_path / "b" / "entries.jsonl").read_text().split("\n") if line]
+    for r in records:
+        del r["shown"], r["last_shown"]
+        r["last_hit"] = 5
+    (tmp_path / "b" / "entries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.warns(UserWarning, match="before the release's rank-scale re-rank"):
+        got = ExperienceBank.load(tmp_path / "b")
+    check_consistent(got)
+    assert [getattr(got, k) for k in B.RERANK] == [getattr(B.BankConfig, k) for k in B.RERANK]
+    for task in bank.tasks():
+        assert [(e.id, e.text, e.uses, e.shown) for e in got.entries(task)] == \
+            [(e.id, e.text, e.uses, e.uses) for e in bank.entries(task)]
+        assert (got._parts[task].last_shown[:got._parts[task].n] == B._NEVER).all()
 
 
 def test_corrupt_or_missing_bank_gives_a_clear_error(tmp_path):
@@ -418,7 +441,7 @@ def test_threads_adding_and_searching_at_once_keep_the_bank_consistent():
                     assert len(row) <= k and len({e.id for e, _ in row}) == len(row)
                     for e, s in row:   # the cosine of the query and the key this entry was written with
                         assert e.task == task and abs(s - float(pool[q] @ pool[int(e.text.split(":")[1])])) < 1e-5
-                if res[0]:   # (an empty task answers [] and its clock stands still)
+                if res[0]:   # (an empty task answers [] and counts nothing)
                     queries[r][task] += len(res)
         except Exception as e:
             errors.append(repr(e))
@@ -438,8 +461,7 @@ def test_threads_adding_and_searching_at_once_keep_the_bank_consistent():
     assert sum(map(len, created)) == len(set().union(*created))   # no id handed out twice
     live = set().union(*created) - set().union(*dropped)
     assert set(bank._entries) == live                 # every added entry present unless removed/replaced
-    for task in tasks:
-        assert bank._parts[task].tick == sum(q[task] for q in queries)   # no query's tick lost
+    assert bank.stats["searches"] == sum(q[t] for q in queries for t in tasks)   # no search's count lost
     assert sum(q[t] for q in queries for t in tasks) > 100
 
 

@@ -1,7 +1,10 @@
 """The extractor's reward path against hand-computed numbers (PAPER §Extractor objective): each episode credits
-the generations behind what it used (+1 on success, -1 on failure), a generation's reward is its mean credit,
+the generations behind what it used (its score, 0 -> -1, shaped by the actor's verdict on the lesson: the
+release's rule), a generation's reward is its mean credit (again after its update, on its new uses),
 A = reward - the batch mean, a CISPO step waits for `extractor_batch` rewarded generations, unrewarded ones
 beyond `max_generations` are dropped oldest first, and an answered ask is credited like a lesson."""
+import types
+
 import pytest
 import torch
 
@@ -24,7 +27,7 @@ def generation(run, gid: int, credits=()) -> crl.Generation:
 
 def episode(success: bool, sources) -> crl.Episode:
     e = crl.Episode("room", 0, 0, True)
-    e.success, e.sources, e.instruction = success, list(sources), "Find the stairs."
+    e.success, e.reward, e.sources, e.instruction = success, float(success), list(sources), "Find the stairs."
     return e
 
 
@@ -61,7 +64,8 @@ def test_reward_is_the_mean_credit_and_the_advantage_its_distance_from_the_batch
     s = seen["segments"][0]                           # the prompt is context, the generated tokens are trained
     assert s.tokens == [1, 2, 3, 4, 5] and s.mask == [False, False, False, True, True]
     assert s.logprobs == [0.0, 0.0, 0.0, -1.0, -2.0]   # the sampler's log-probs: the ratio's denominator
-    assert sorted(run.generations) == [3]             # the trained ones leave; the uncredited one stays
+    assert sorted(run.generations) == [0, 1, 2, 3]    # [release] the trained ones stay, awaiting new uses
+    assert [run.generations[g].credits for g in range(4)] == [[], [], [], []]
 
 
 def test_no_step_below_the_batch_threshold(monkeypatch):
@@ -93,7 +97,7 @@ def test_an_answered_ask_is_credited_like_a_lesson(mode):
     if mode == "static":                              # a frozen extractor keeps nothing to train on
         assert gid not in run.generations
         return
-    e.success = True
+    e.success, e.reward = True, 1.0
     crl.credit_generations(run, [e])
     assert run.generations[gid].credits == [1.0]
 
@@ -118,4 +122,73 @@ def test_lift_credits_the_gain_over_the_group_played_without_experience():
         return [run.generations[g].credits for g in (10, 11, 12, 13)]
 
     assert credited(credit="lift") == [[0.5], [-0.5], [1.0], [0.0]]
-    assert credited() == [[1.0], [-1.0], [1.0], [-1.0]]   # the default, outcome: ±1 on the same episodes
+    assert credited() == [[1.0], [-1.0], [1.0], [0.25]]   # the default, outcome: the score, 0 -> -1
+
+
+def test_credit_follows_the_verdict_and_the_score_by_hand():
+    """The release's mapping: accept = score + 1 (+2 on a success, +1 on a failure), refine +0.5, reject -1,
+    unparsed or unjudged (an ask's answer) the score with 0 -> -1; WebShop's 0.6 stays 0.6 (+1.6 accepted)."""
+    run = make_run()
+    verdicts = ["accept", "refine", "reject", "unparsed", None]
+    for gid in range(20):
+        generation(run, gid)
+    eps = []
+    for k, reward in enumerate((1.0, 0.0, 0.6, -1.0)):   # success, failure, a WebShop score, ALFWorld's failure
+        e = episode(reward == 1.0, [5 * k + j for j in range(5)])
+        e.reward = reward
+        e.verdicts = {5 * k + j: v for j, v in enumerate(verdicts) if v}
+        eps.append(e)
+    crl.credit_generations(run, eps)
+    got = [[run.generations[5 * k + j].credits for j in range(5)] for k in range(4)]
+    assert got == [[[2.0], [0.5], [-1.0], [1.0], [1.0]],
+                   [[1.0], [0.5], [-1.0], [-1.0], [-1.0]],
+                   [[1.6], [0.5], [-1.0], [0.6], [0.6]],
+                   [[-1.0], [0.5], [-1.0], [-1.0], [-1.0]]]   # ALFWorld's -1 accepted is 0, counted as a failure
+
+
+def test_judge_lessons_keeps_rewrites_and_drops(monkeypatch):
+    """The actor's judgement, on scripted replies: accept keeps the lesson as the bank holds it, refine puts
+    the rewrite in the prompt, reject and an unparseable reply drop it; each verdict is recorded against the
+    lesson's generation and counted; the replies are judged from crl's judge prompt."""
+    run = make_run(judge="accept-refine-reject", free_text=True)
+    run.counters = {}
+    replies = ["<answer>accept</answer>", "I think <answer>refine: go north first</answer>", "reject",
+               "maybe", "<answer>refine:</answer>"]
+    eps = []
+    for i in range(5):
+        e = episode(False, [40 + i])
+        e.lessons = e.experience = [f"lesson {i}"]
+        e.retrieved = [i]
+        eps.append(e)
+    seen = []
+
+    def scripted(model, prompts, *a, **k):
+        seen.extend(prompts)
+        return [types.SimpleNamespace(tokens=run.actor_tok.encode(r, add_special_tokens=False)) for r in replies]
+
+    monkeypatch.setattr(crl, "generate", scripted)
+    crl.judge_lessons(run, [(e, f"view {i}") for i, e in enumerate(eps)], None, 1.0)
+    assert [e.experience for e in eps] == [["lesson 0"], ["go north first"], [], [], []]
+    assert [e.verdicts for e in eps] == [{40: "accept"}, {41: "refine"}, {42: "reject"}, {43: "unparsed"},
+                                         {44: "unparsed"}]
+    assert [e.lessons for e in eps] == [[f"lesson {i}"] for i in range(5)]   # the extractor still sees the original
+    assert run.counters == {"judge_accept": 1, "judge_refine": 1, "judge_reject": 1, "judge_unparsed": 2}
+    assert seen[1] == crl.judge_prompt(run.actor_tok, eps[1].instruction, "view 1", "lesson 1")
+    assert crl.parse_verdict("<answer>refine: x</answer>", refine=False) == ("unparsed", "")   # accept-reject only
+
+
+def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch):
+    """[release] A generation stays after its CISPO step; when its lesson is used again it is trained again, on
+    the mean of the new credits only."""
+    run = make_run(extractor_batch=1)
+    seen = []
+    monkeypatch.setattr(crl, "policy_update", lambda run_, model, opt, segments, advantages, *a, **k:
+                        seen.append(len(segments)) or {"loss": 0.0})
+    generation(run, 0, [1.0, -1.0, -1.0])
+    generation(run, 1, [1.0])
+    assert crl.extractor_update(run)["reward"] == pytest.approx((-1 / 3 + 1) / 2)
+    assert sorted(run.generations) == [0, 1] and run.generations[0].credits == []
+    assert crl.extractor_update(run) == {}                      # nothing new: no step
+    crl.credit_generations(run, [episode(True, [0]), episode(True, [0])])
+    stats = crl.extractor_update(run)
+    assert stats["reward"] == pytest.approx(1.0) and stats["generations"] == 1 and seen == [2, 1]

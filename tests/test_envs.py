@@ -1,6 +1,6 @@
 """Tests for envs.py against the real engines: MiniHack/NLE (positions from blstats of a raw env driven in
 lockstep), hand-built Sokoban boards with hand-worked outcomes plus an independent BFS, and the real
-ALFWorld games replayed from their shipped walkthroughs."""
+ALFWorld games replayed from their shipped walkthroughs, and the vault's hand-worked episodes and statistics."""
 import io
 import json
 import random
@@ -25,7 +25,7 @@ MINIHACK_TASKS = ["room", "maze", "keyroom", "river"]
 def test_make_unknown_task_lists_valid_names():
     with pytest.raises(ValueError) as e:
         envs.make("nethack-full")
-    for name in ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop"):
+    for name in ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop", "vault"):
         assert name in str(e.value)
 
 
@@ -539,3 +539,132 @@ def test_alfworld_missing_data_message(tmp_path, monkeypatch):
         envs.alfworld_data_dir("train")
     with pytest.raises(ValueError, match="valid_unseen"):
         envs.alfworld_data_dir("test")
+
+
+# ------------------------------------------------------------------------------------------------- Vault
+
+def _episode(env, seed, replies):
+    """reset(seed), then the replies: the observations (first one included), rewards, dones and infos."""
+    obs, rewards, dones, infos = [env.reset(seed)], [], [], []
+    for reply in replies:
+        o, r, d, i = env.step(reply)
+        obs.append(o), rewards.append(r), dones.append(d), infos.append(i)
+    return obs, rewards, dones, infos
+
+
+def test_vault_name_and_secret_are_stable():
+    """Computed once (blake2b, so the same in every process); seeds 52 and 1779 happen to draw one name, so
+    they are one vault with one door."""
+    env = envs.make("vault")
+    env.reset(3)
+    assert (env.name, env.secret) == ("peach misty newt", "north")
+    env.reset(0)
+    assert (env.name, env.secret) == ("amber chalk shark", "east")
+    env.reset(52)
+    first = (env.name, env.secret)
+    env.reset(1779)
+    assert first == (env.name, env.secret) == ("green tin swan", "northeast")
+
+
+def test_vault_secret_is_a_function_of_the_name_alone():
+    """Every name drawn twice in 2000 seeds (13 names) keeps its door, and no single word of the name decides
+    the door (each word seen 25+ times goes with at least 3 doors), so no rule shared across vaults finds it."""
+    env, doors_of, doors_of_word = envs.make("vault"), {}, {}
+    for seed in range(2000):
+        env.reset(seed)
+        doors_of.setdefault(env.name, set()).add(env.secret)
+        for k, word in enumerate(env.name.split()):
+            doors_of_word.setdefault((k, word), []).append(env.secret)
+    assert sum(len(d) for d in doors_of.values()) == len(doors_of) == 1987
+    assert all(len(set(d)) >= 3 for d in doors_of_word.values() if len(d) >= 25)
+
+
+def test_vault_observations_hide_the_secret():
+    """The first observation names the vault and no door; the instruction is the same for every vault and
+    names none; a locked door's observation never names the open one."""
+    door = re.compile(r"\b(" + "|".join(envs.Vault.actions) + r")\b")
+    env = envs.make("vault")
+    instructions = set()
+    for seed in range(200):
+        obs = env.reset(seed)
+        instructions.add(env.instruction)
+        assert env.name in obs and not door.search(obs) and env.name not in env.instruction
+        wrong = [a for a in env.actions if a != env.secret][:3]
+        for a in wrong:
+            obs, r, done, info = env.step(a)
+            assert not re.search(rf"\b{env.secret}\b", obs)
+    assert len(instructions) == 1 and "eight doors" in env.instruction and "3 tries" in env.instruction
+    assert env.actions == envs._MOVES
+
+
+def test_vault_wrong_wrong_right():
+    """peach misty newt opens north: east and south are locked, north opens at the third try."""
+    obs, rewards, dones, infos = _episode(envs.make("vault"), 3, ["east", "<answer>south</answer>", "North"])
+    assert obs[0] == ("You are in the peach misty newt vault. Eight doors lead out; one of them opens. "
+                      "Tries left: 3.")
+    assert obs[1] == "The east door is locked. Locked doors: east. Tries left: 2."
+    assert obs[2] == "The south door is locked. Locked doors: east, south. Tries left: 1."
+    assert "north door of the peach misty newt vault opens" in obs[3]
+    assert rewards == [0.0, 0.0, 1.0] and dones == [False, False, True]
+    assert [i["success"] for i in infos] == [False, False, True] and infos[-1]["steps"] == 3
+    assert infos[-1]["tries_used"] == 3
+
+
+def test_vault_three_wrong_doors_fail():
+    env = envs.make("vault")
+    obs, rewards, dones, infos = _episode(env, 3, ["east", "south", "west"])
+    assert rewards == [0.0, 0.0, 0.0] and dones == [False, False, True] and not infos[-1]["success"]
+    assert obs[-1] == "The west door is locked. Locked doors: east, south, west. No tries left: the vault stays shut."
+    with pytest.raises(ValueError, match="reset"):
+        env.step("north")
+
+
+def test_vault_invalid_reply_uses_a_step_not_a_try():
+    """Two invalid replies among two wrong doors: the third door still gets its try, at step 5."""
+    obs, rewards, dones, infos = _episode(envs.make("vault"), 3, ["open sesame", "east", "door", "south", "north"])
+    assert obs[1] == envs.invalid_text("open sesame", envs._MOVES) and infos[0]["invalid"]
+    assert "Tries left: 2." in obs[2] and obs[3].startswith("Action not understood: 'door'")
+    assert dones == [False] * 4 + [True] and rewards[-1] == 1.0 and infos[-1]["steps"] == 5
+    # and the step limit still ends an episode of invalid replies
+    obs, rewards, dones, infos = _episode(envs.make("vault", max_steps=4), 3, ["?"] * 4)
+    assert dones == [False, False, False, True] and sum(rewards) == 0 and not infos[-1]["success"]
+
+
+def test_vault_repeated_wrong_door_uses_a_try():
+    obs, rewards, dones, infos = _episode(envs.make("vault"), 3, ["east", "east", "east"])
+    assert dones == [False, False, True] and rewards == [0.0] * 3
+    assert obs[2] == "The east door is locked. Locked doors: east. Tries left: 1."
+
+
+def test_vault_secrets_near_uniform():
+    counts = {a: 0 for a in envs._MOVES}
+    for seed in range(2000):
+        counts[envs.vault_secret(envs.vault_name(seed))] += 1
+    assert all(0.09 <= c / 2000 <= 0.16 for c in counts.values()), counts
+
+
+def test_vault_names_mostly_distinct():
+    names = {envs.vault_name(seed) for seed in range(2000)}
+    assert len(names) / 2000 > 0.95 and all(len(n.split()) == 3 for n in names)
+
+
+def test_vault_memoryless_best_is_three_eighths():
+    """Never repeating a door (the same order in every vault) until the episode ends: the env's 3 tries open
+    3/8 of 4000 vaults (within 0.03)."""
+    env, wins = envs.make("vault"), 0
+    for seed in range(4000):
+        env.reset(seed)
+        for door in envs._MOVES:
+            obs, r, done, info = env.step(door)
+            if done:
+                break
+        wins += info["success"]
+    assert envs.VAULT_MEMORYLESS_BEST == 3 / 8 and abs(wins / 4000 - 3 / 8) < 0.03
+
+
+def test_play_cli_vault():
+    res = subprocess.run([sys.executable, str(ROOT / "envs.py"), "play", "vault", "--seed", "3"],
+                         input="sideways\neast\nnorth\n", capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "peach misty newt vault" in res.stdout and "Action not understood: 'sideways'" in res.stdout
+    assert "The east door is locked." in res.stdout and "success=True return=1" in res.stdout

@@ -21,7 +21,7 @@ def tiny_run(manager=None, **settings) -> crl.Run:
     run = crl.Run(cfg, ["room"], 0, Transformer.tiny(seed=0), tok, None, Transformer.tiny(seed=1), tok, None,
                   manager)
     run.timer = {"generate": 0.0, "env": 0.0, "extractor": 0.0, "extractor_update": 0.0}
-    run.counters = {"parse_failures": 0, "operations": 0, "merges": 0}
+    run.counters = {"parse_failures": 0, "operations": 0, "merges": 0, "discards": 0}
     return run
 
 
@@ -54,8 +54,8 @@ def test_evaluation_plays_held_out_seeds_and_leaves_the_bank(monkeypatch):
     manager.apply([Operation("add", "room", f"lesson {i}", key=emb([f"start {i}"])[0], source=i) for i in range(5)])
     run = tiny_run(manager)
     part = manager.bank._parts["room"]
-    state = lambda: ([(e.uses, e.successes) for e in manager.bank.entries("room")], part.tick,   # noqa: E731
-                     part.last_hit.copy())
+    state = lambda: ([(e.uses, e.successes, e.shown) for e in manager.bank.entries("room")],   # noqa: E731
+                     part.shown.copy(), part.last_shown.copy())
     before = state()
     played = []
     rollout = crl.rollout
@@ -68,7 +68,7 @@ def test_evaluation_plays_held_out_seeds_and_leaves_the_bank(monkeypatch):
     crl.evaluate(run, ["room"], 3)
     assert sorted(played) == sorted((crl.EVAL_SEED0 + j, w, False) for j in range(3) for w in (False, True))
     after = state()
-    assert after[0] == before[0] and after[1] == before[1] and np.array_equal(after[2], before[2])
+    assert after[0] == before[0] and np.array_equal(after[1], before[1]) and np.array_equal(after[2], before[2])
 
 
 def test_distill_choice_alternates_successes_and_failures():
@@ -83,35 +83,53 @@ def test_distill_choice_alternates_successes_and_failures():
     assert [e.seed for e in crl.distill_choice([ep(0, False), ep(1, False)], 1)] == [0]
 
 
-def test_merge_pass_updates_the_batches_it_drew(monkeypatch):
-    """Anchors drawn from (seed, step, MERGE_PICKS); each batch is the anchor and its nearest entries, shown
-    numbered to the extractor; `UPDATE i,j: text` replaces entries i and j of that batch, NONE changes
-    nothing; applied, the bank loses the merged entries and gains the merged lesson."""
+def test_merge_pass_rolls_over_the_whole_bank(monkeypatch):
+    """The release's merge on a constructed bank of 7 entries, chunks of 3: call 1 sees entries 1-3, merges 1
+    and 2, rewrites nothing else; call 2 sees that merged lesson first (carried), then entries 4-6, merges the
+    carried lesson with 4 and discards 6; call 3 sees the carried lesson and entry 7 and answers NONE. The
+    operations: one update standing for entries 1, 2 and 4 (credited to call 2, which wrote it), one removal
+    of entry 6; entries 3, 5 and 7 stay as they were."""
     emb = HashEmbedder()
     manager = ExperienceManager(ExperienceBank(emb.dim), emb, sync=True)
-    texts = [f"go {w} at the {p}" for w in ("north", "south", "east") for p in ("door", "wall")]
-    manager.apply([Operation("add", "room", t, key=emb([t])[0], source=i) for i, t in enumerate(texts)])
-    run = tiny_run(manager, merge_size=3, merge_batches=2)
-    entries = manager.bank.entries("room")
-    picker = np.random.default_rng([run.seed, 4, crl.MERGE_PICKS])
-    batches = [manager.bank.neighbours(entries[int(picker.integers(len(entries)))].id, 3) for _ in range(2)]
+    texts = [f"lesson {i}" for i in range(1, 8)]
+    ids = manager.apply([Operation("add", "room", t, key=emb([t])[0], source=i) for i, t in enumerate(texts)])
+    run = tiny_run(manager, merge_size=3, extractor_free_text=True)
+    replies = iter([(100, "UPDATE 1,2: one and two"), (101, "UPDATE 1,2: one, two and four\nDISCARD 4"),
+                    (102, "NONE")])
     shown = []
 
     def scripted(run_, prompts, tasks, rng, heads=None, record=True):
-        shown.extend(run_.extractor_tok.decode(p) for p in prompts)
-        return [(100, "UPDATE 1,3: go north, then east"), (101, "NONE")]
+        shown.append(run_.extractor_tok.decode(prompts[0]))
+        return [next(replies)]
 
     monkeypatch.setattr(crl, "extractor_generate", scripted)
     ops = crl.merge_pass(run, 4, None)
-    for text, batch in zip(shown, batches):
-        assert all(f"[{k + 1}] {e.text}" in text for k, e in enumerate(batch))
-    (op,) = ops
-    assert (op.kind, op.text, op.ids, op.source, op.step) == ("update", "go north, then east",
-                                                               (batches[0][0].id, batches[0][2].id), 100, 4)
-    assert run.counters["merges"] == 1
+    lessons = lambda text: text.split("Lessons:\n")[1].split("<|im_end|>")[0].split("\n")   # noqa: E731
+    assert [lessons(t)[:4] for t in shown] == [
+        ["[1] lesson 1", "[2] lesson 2", "[3] lesson 3"],
+        ["[1] one and two", "[2] lesson 4", "[3] lesson 5", "[4] lesson 6"],
+        ["[1] one, two and four", "[2] lesson 7"]]
+    assert [(op.kind, op.text, op.ids, op.source, op.step) for op in ops] == [
+        ("update", "one, two and four", (ids[0], ids[1], ids[3]), 101, 4), ("remove", "", (ids[5],), 101, 4)]
+    assert (run.counters["merges"], run.counters["discards"]) == (1, 1)
+    key = emb(["lesson 1", "lesson 2", "lesson 4"]).mean(0)
     crl.apply_everywhere(run, ops)
-    now = {e.text for e in manager.bank.entries("room")}
-    assert now == set(texts) - {batches[0][0].text, batches[0][2].text} | {"go north, then east"}
+    assert [e.text for e in manager.bank.entries("room")] == ["lesson 3", "lesson 5", "lesson 7", "one, two and four"]
+    merged = manager.bank.entries("room")[-1]
+    assert merged.source == 101 and torch.allclose(manager.bank.key(merged.id), key / key.norm(), atol=1e-6)
+
+
+def test_merge_chunks_bounds_a_pass(monkeypatch):
+    """--merge-chunks 1: one call per task a pass, on the oldest entries; the rest are not shown."""
+    emb = HashEmbedder()
+    manager = ExperienceManager(ExperienceBank(emb.dim), emb, sync=True)
+    manager.apply([Operation("add", "room", f"lesson {i}", key=emb([str(i)])[0]) for i in range(1, 8)])
+    run = tiny_run(manager, merge_size=3, merge_chunks=1)
+    calls = []
+    monkeypatch.setattr(crl, "extractor_generate", lambda run_, prompts, *a, **k: calls.append(
+        run_.extractor_tok.decode(prompts[0])) or [(7, "NONE")])
+    assert crl.merge_pass(run, 4, None) == [] and len(calls) == 1
+    assert "[3] lesson 3" in calls[0] and "lesson 4" not in calls[0]
 
 
 def test_train_instances_draw_from_a_fixed_pool():
@@ -194,3 +212,37 @@ def test_a_fractional_webshop_reward_reaches_the_advantages(monkeypatch):
     monkeypatch.setattr(crl, "policy_update", lambda run_, model, opt, segs, advs, *a: seen.update(advs=advs) or {})
     crl.actor_update(run, eps)
     assert seen["advs"] == pytest.approx([1 / 6, 1 / 6, -1 / 6, -1 / 6])
+
+
+def test_only_the_with_experience_half_is_distilled(monkeypatch):
+    """[release] The extractor reads the with-experience half of each group (--distill-from all: every episode;
+    --distill-per-group n: n of those a group)."""
+    monkeypatch.setattr(crl.parallel, "Distillation", lambda run, fn, chosen, step, rng: chosen)
+    eps = [crl.Episode("room", g, g, j >= 2) for g in range(2) for j in range(4)]
+    for i, e in enumerate(eps):
+        e.success = i % 3 == 0
+    chosen = lambda **kw: [(e.group, e.with_exp) for e in crl.distill_episodes(tiny_run(**kw), eps, 0, None)]  # noqa: E731
+    assert chosen() == [(0, True), (0, True), (1, True), (1, True)]
+    assert chosen(distill_from="all") == [(e.group, e.with_exp) for e in eps]
+    assert chosen(distill_per_group=1) == [(0, True), (1, True)]
+
+
+def test_the_warmup_retrieves_nothing_and_trains_nothing(monkeypatch):
+    """[release] Before step `warmup` no episode retrieves (the with-experience half plays without a lesson) and
+    neither model trains; from it on, the with-experience half retrieves and both train."""
+    emb = HashEmbedder()
+    manager = ExperienceManager(ExperienceBank(emb.dim), emb, sync=True)
+    manager.apply([Operation("add", "room", "east", key=emb(["x"])[0], source=-1)])
+    run = tiny_run(manager, warmup=2, groups=2, group_size=4, max_steps=2, extractor_free_text=False,
+                   extractor_reply_tokens=4, judge="none")
+    calls, played = [], []
+    monkeypatch.setattr(crl, "actor_update", lambda run_, eps: calls.append("actor") or {})
+    monkeypatch.setattr(crl, "extractor_step", lambda run_: calls.append("extractor") or {})
+    rollout = crl.rollout
+    monkeypatch.setattr(crl, "rollout", lambda *a, **k: played.append(rollout(*a, **k)) or played[-1])
+    metrics = crl.train_step(run, 1)
+    assert calls == [] and manager.bank.stats["searches"] == 0 and "retrieval/off_top1" not in metrics
+    assert not any(e.experience or e.sources for e in played[-1]) and sum(e.with_exp for e in played[-1]) == 4
+    metrics = crl.train_step(run, 2)
+    assert calls == ["actor", "extractor"] and manager.bank.stats["searches"] == 4
+    assert all(bool(e.experience) == e.with_exp for e in played[-1]) and "retrieval/off_top1" in metrics
