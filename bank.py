@@ -66,6 +66,7 @@ class Entry:
     successes: int = 0   # ... and succeeded
     created: int = 0     # training step it was written at
     shown: int = 0       # times a training search returned it (the re-rank reads it)
+    origin: int = -1     # seed of the task instance it was distilled from (-1: a merge's, or unknown)
 
 
 OP_KINDS = ("add", "update", "remove", "none")
@@ -81,6 +82,7 @@ class Operation:
     key: torch.Tensor | None = None    # [D] key of a new/merged entry; None on update = mean of replaced keys
     source: int = -1                   # extractor generation id that wrote it
     step: int = 0
+    origin: int = -1                   # seed of the task instance whose episode it was distilled from
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -235,7 +237,7 @@ class ExperienceBank:
             raise ValueError(f"task must be a non-empty string, got {task!r}")
 
     # ---- unlocked edits (callers hold the lock) ---------------------------------------------------------
-    def _insert(self, task, text, key, source, step, eid=None, uses=0, successes=0, shown=0) -> int:
+    def _insert(self, task, text, key, source, step, eid=None, uses=0, successes=0, shown=0, origin=-1) -> int:
         part = self._parts.get(task)
         if part is None:
             part = self._parts[task] = _Partition(self.dim, self.capacity)
@@ -244,7 +246,8 @@ class ExperienceBank:
             self.stats["evicted"] += 1
         if eid is None:
             eid, self._next_id = self._next_id, self._next_id + 1
-        self._entries[eid] = Entry(eid, task, str(text), int(source), int(uses), int(successes), int(step), int(shown))
+        self._entries[eid] = Entry(eid, task, str(text), int(source), int(uses), int(successes), int(step), int(shown),
+                                   int(origin))
         part.append(eid, key, shown)
         return eid
 
@@ -270,7 +273,7 @@ class ExperienceBank:
         self.stats["stale_ids"] += len(seen) - len(live)
         return live, task
 
-    def _update(self, ids, text, key, source, step, task):
+    def _update(self, ids, text, key, source, step, task, origin=-1):
         live, task = self._live(ids, task, one_task=True)
         if task is None:
             raise ValueError("update: none of the ids exist and no task was given, so there is nowhere to add "
@@ -286,7 +289,7 @@ class ExperienceBank:
         for i in live:
             self._delete(i)
         self.stats["updated"] += 1
-        return self._insert(task, text, key, source, step)
+        return self._insert(task, text, key, source, step, origin=origin)
 
     def _remove(self, ids, task=None):
         live, _ = self._live(ids, task)
@@ -337,9 +340,9 @@ class ExperienceBank:
             for op, key in zip(ops, keys):
                 if op.kind == "add":
                     self.stats["added"] += 1
-                    out.append(self._insert(op.task, op.text, key, op.source, op.step))
+                    out.append(self._insert(op.task, op.text, key, op.source, op.step, origin=op.origin))
                 elif op.kind == "update":
-                    out.append(self._update(op.ids, op.text, key, op.source, op.step, op.task))
+                    out.append(self._update(op.ids, op.text, key, op.source, op.step, op.task, op.origin))
                 elif op.kind == "remove":
                     self._remove(op.ids, op.task)
                     out.append(None)
@@ -453,6 +456,12 @@ class ExperienceBank:
         meta["count"] = len(lines)
         return meta, lines, torch.cat(keys)
 
+    def copy(self) -> "ExperienceBank":
+        """An independent bank with the same entries, keys, rows and counts (evaluate_attempts writes to one)."""
+        with self.lock:
+            meta, lines, keys = self._state()
+        return self._restore(meta, [json.loads(line) for line in lines], keys, {})
+
     @classmethod
     def load(cls, dir, **overrides) -> "ExperienceBank":
         """Load a bank written by save(). `overrides` replace saved settings (e.g. capacity=...).
@@ -482,7 +491,7 @@ class ExperienceBank:
         bank = cls(**{**settings, **overrides})
         for r, key in zip(records, keys):
             bank._insert(r["task"], r["text"], key, r["source"], r["created"], eid=r["id"], uses=r["uses"],
-                         successes=r["successes"], shown=r.get("shown", r["uses"]))
+                         successes=r["successes"], shown=r.get("shown", r["uses"]), origin=r.get("origin", -1))
             part = bank._parts[r["task"]]
             part.last_shown[part.row_of[r["id"]]] = r.get("last_shown", _NEVER)
         saved_row = {r["id"]: r.get("row") for r in records}

@@ -314,6 +314,7 @@ class Episode:
     instruction: str = ""
     lessons: list = field(default_factory=list)      # the retrieved lessons' texts, as the bank holds them
     retrieved: list = field(default_factory=list)    # their entry ids
+    origins: list = field(default_factory=list)      # the instance seeds they were distilled from (-1: unknown)
     experience: list = field(default_factory=list)   # what the prompt holds: the lessons the actor kept, as it kept them
     sources: list = field(default_factory=list)      # the extractor generations credited by this episode
     verdicts: dict = field(default_factory=dict)     # generation -> the actor's judgement of its lesson
@@ -522,6 +523,7 @@ def retrieve(run, eps: list[Episode], train: bool = True):
                 eps[j].lessons = eps[j].experience = [entry.text for entry, _ in hits]
                 eps[j].retrieved = [entry.id for entry, _ in hits]
                 eps[j].sources = [entry.source for entry, _ in hits]
+                eps[j].origins = [entry.origin for entry, _ in hits]
 
 
 JUDGE_SYSTEM = (
@@ -789,14 +791,14 @@ def distill_choice(members: list[Episode], n: int) -> list[Episode]:
     return out
 
 
-def distill(run, eps: list[Episode], step: int, rng) -> list[Operation]:
+def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> list[Operation]:
     """Finished episodes -> bank operations (PAPER §Experience bank: add / update / none). New entries are keyed by the
     embedding of the episode's retrieval query; an update replaces the shown entries it names."""
     if not eps:
         return []
     prompts = [extractor_prompt(run, e) for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
-                                 heads_for(run, [len(e.retrieved) for e in eps], [e.task for e in eps]))
+                                 heads_for(run, [len(e.retrieved) for e in eps], [e.task for e in eps]), record)
     keys = run.manager.embed([e.query for e in eps])
     ops = []
     for e, key, (gen_id, reply) in zip(eps, keys, outputs):
@@ -807,7 +809,7 @@ def distill(run, eps: list[Episode], step: int, rng) -> list[Operation]:
         run.counters["operations"] += len(parsed)
         for kind, targets, text in parsed:
             ids = tuple(e.retrieved[t - 1] for t in targets)
-            ops.append(Operation(kind, e.task, text, ids, key, gen_id, step))
+            ops.append(Operation(kind, e.task, text, ids, key, gen_id, step, origin=e.seed))
     return ops
 
 
@@ -1063,22 +1065,60 @@ def extractor_step(run) -> dict:
 def evaluate(run, tasks: list[str], episodes: int) -> dict:
     """Success on held-out seeds (disjoint from training seeds), with and without experience, the bank
     read-only. The sampling noise is fixed, so evaluations at different steps are comparable."""
+    return success_metrics(play_held_out(run, held_out_specs(run, tasks, episodes), EVAL_STEP), "eval")
+
+
+def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> dict:
+    """Learning at test time through the bank: each held-out instance is played `attempts` times in rounds,
+    once with and once without experience a round; after each round the frozen extractor distils the round's
+    with-experience episodes into a copy of the bank, which the next round retrieves from. Weights stay
+    frozen and the run's own bank untouched. Without memory success stays flat over the attempts; a working
+    memory makes it rise. Returns success (and the retrieval's same-instance share) at each attempt."""
+    specs, out = held_out_specs(run, tasks, instances), {}
+    bank, counters, timer = (run.manager.bank if run.manager else None), run.counters, run.timer
+    run.counters, run.timer = {k: 0 for k in ("parse_failures", "operations")}, {"extractor": 0.0}
+    try:
+        if bank is not None:
+            run.manager.bank = bank.copy()
+        for a in range(1, attempts + 1):
+            eps = play_held_out(run, specs, EVAL_STEP + a)
+            metrics = {**success_metrics(eps, "attempts"), **same_instance(eps, "attempts")}
+            out.update({f"{k}_{a}": v for k, v in metrics.items()})
+            if bank is not None and a < attempts:
+                rng = seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
+                with parallel.full_weights(run, actor=False):
+                    ops = distill(run, [e for e in eps if e.with_exp], EVAL_STEP + a, rng, record=False)
+                apply_everywhere(run, ops)
+    finally:
+        if bank is not None:
+            run.manager.bank = bank
+        run.counters, run.timer = counters, timer
+    return out
+
+
+def held_out_specs(run, tasks: list[str], episodes: int) -> list[tuple]:
+    """This rank's share of `episodes` held-out seeds per task, each played without and (with a bank) with
+    experience."""
     specs = []
     for task in tasks:
         for j in range(episodes):
             specs.append((task, EVAL_SEED0 + j, j, False))
             if run.cfg.uses_bank:
                 specs.append((task, EVAL_SEED0 + j, j, True))
-    mine = specs[rank()::world()]
+    return specs[rank()::world()]
+
+
+def play_held_out(run, specs: list[tuple], noise_step: int) -> list[Episode]:
+    """Play held-out episodes `eval_batch` at a time, the bank read-only, the noise seeded as at `noise_step`."""
     timer = run.timer
     run.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
-    rng = seeded_generator(run.actor.device, run.seed, EVAL_STEP, rank(), EVAL_SAMPLING)
+    rng = seeded_generator(run.actor.device, run.seed, noise_step, rank(), EVAL_SAMPLING)
     eps, n = [], run.cfg.eval_batch
     with parallel.full_weights(run):
-        for i in range(0, len(mine), n):
-            eps += rollout(run, mine[i:i + n], rng, run.cfg.eval_temperature, train=False)
+        for i in range(0, len(specs), n):
+            eps += rollout(run, specs[i:i + n], rng, run.cfg.eval_temperature, train=False)
     run.timer = timer
-    return success_metrics(eps, "eval")
+    return eps
 
 
 # =========================================================================================================
@@ -1321,6 +1361,14 @@ def retrieval_metrics(run, before: tuple[int, int]) -> dict:
     return {"retrieval/off_top1": off / n} if n else {}
 
 
+def same_instance(eps: list[Episode], prefix: str) -> dict:
+    """The retrieval's precision where instances recur: the share of episodes given a lesson whose top lesson
+    was distilled from this same instance (over every rank)."""
+    given = all_reduce_sum(sum(bool(e.origins) for e in eps))
+    same = all_reduce_sum(sum(bool(e.origins) and e.origins[0] == e.seed for e in eps))
+    return {f"{prefix}/same_instance": same / given} if given else {}
+
+
 def episode_metrics(run, eps: list[Episode]) -> dict:
     """Means and counts over every rank's episodes, this iteration's counters, bank size and timings."""
     n = all_reduce_sum(len(eps))
@@ -1331,6 +1379,7 @@ def episode_metrics(run, eps: list[Episode]) -> dict:
         "truncated": all_reduce_sum(sum(e.truncated for e in eps)),
         "asks": all_reduce_sum(sum(e.asks for e in eps)),
         **{k: all_reduce_sum(v) for k, v in run.counters.items()},
+        **same_instance(eps, "retrieval"),
         "bank_size": len(run.manager.bank) if run.manager is not None else 0,
         **{f"time/{k}": v for k, v in run.timer.items()},
     }

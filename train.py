@@ -72,6 +72,10 @@ class RunConfig:
                                 min=0)
     final_eval_episodes: int = setting(0, "after the last iteration, evaluate on this many held-out episodes per "
                                           "task each way and write OUT/final.json (0: no final evaluation)", min=0)
+    final_attempts: int = setting(0, "with --final-eval-episodes, also play each of those held-out instances this many "
+                                     "times in rounds, the frozen extractor distilling each round into a copy of the "
+                                     "bank (crl.evaluate_attempts): final.json gains the success at each attempt "
+                                     "(0: none)", min=0)
 
 
 # Presets: settings that differ from the defaults above and in crl.CRLConfig (the authors' setup for real
@@ -558,6 +562,8 @@ def final_evaluation(run: crl.Run, args):
     gc.collect()
     metrics = {"step": args.iters - 1, "episodes": args.final_eval_episodes,
                **crl.evaluate(run, args.tasks, args.final_eval_episodes)}
+    if args.final_attempts:
+        metrics.update(crl.evaluate_attempts(run, args.tasks, args.final_eval_episodes, args.final_attempts))
     if crl.rank() == 0:
         path = os.path.join(args.out, "final.json")
         json.dump(metrics, open(path + ".tmp", "w"), indent=1)

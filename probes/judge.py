@@ -20,7 +20,7 @@ import torch
 import crl
 import envs
 import train
-from model import Transformer, generate, load_tokenizer
+from model import generate
 from probes import ONE_MOVE, policy
 
 
@@ -56,7 +56,8 @@ def main(argv=None):
     args = train.parse_args([*rest, "--out", mine.run, "--resume"] if mine.run else rest)
     cfg = train.config_from(args)
     spec = os.path.join(mine.run, "ckpt", "actor") if mine.run else args.actor
-    model, tok = Transformer.from_pretrained(spec, dtype=torch.float32).eval(), load_tokenizer(spec)
+    model, tok = train.load_model(spec, args.seed, torch.device("cpu"), torch.float32, args)
+    model.eval()
     rng = random.Random(0)
     for task, cases in (("room", room_cases(cfg, mine.starts, rng)), ("vault", vault_cases(mine.starts))):
         accept = {"right": [], "wrong": []}

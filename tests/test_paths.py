@@ -246,3 +246,58 @@ def test_the_warmup_retrieves_nothing_and_trains_nothing(monkeypatch):
     metrics = crl.train_step(run, 2)
     assert calls == ["actor", "extractor"] and manager.bank.stats["searches"] == 4
     assert all(bool(e.experience) == e.with_exp for e in played[-1]) and "retrieval/off_top1" in metrics
+
+
+def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):
+    """evaluate_attempts on hand-worked vault episodes. A scripted actor tries the doors DOORS[(seed + 3a + k) % 8],
+    k = 0, 1, 2, at attempt a, but first the door of a lesson that names its vault; a scripted extractor writes
+    `ADD: <vault>: <door>` after a success. Without experience an instance succeeds at attempt a when its secret
+    is among that attempt's doors; with experience also when an earlier with-experience attempt found it. The
+    rounds write into a copy: the run's bank keeps its one entry, and nothing is recorded for training."""
+    import re
+    import envs
+    emb = HashEmbedder()
+    manager = ExperienceManager(ExperienceBank(emb.dim), emb, sync=True)
+    manager.apply([Operation("add", "vault", "nowhere: north", key=emb(["x"])[0], source=-1)])
+    run = tiny_run(manager, judge="none")
+    run.tasks, doors = ["vault"], envs.make("vault").actions
+
+    def play(run_, specs, rng, temperature, train=True):
+        eps = [crl.Episode(*spec) for spec in specs]
+        games = [envs.make("vault") for _ in eps]
+        for e, env in zip(eps, games):
+            obs = env.reset(seed=e.seed)
+            e.instruction, e.query = env.instruction, crl.retrieval_query(env, obs)
+            e.transcript.append(("environment", obs))
+        crl.retrieve(run_, [e for e in eps if e.with_exp], train=train)
+        for e, env in zip(eps, games):
+            a = attempt[0]
+            told = [x.split(": ")[1] for x in e.experience if x.startswith(env.name + ": ")]
+            for door in (told + [doors[(e.seed + 3 * a + k) % 8] for k in range(3)])[:3]:
+                obs, reward, done, info = env.step(door)
+                e.transcript += [("agent", door), ("environment", obs)]
+                if done:
+                    break
+            e.success, e.reward = info["success"], reward
+        attempt[0] += 1
+        return eps
+
+    def extractor(run_, prompts, tasks, rng, heads=None, record=True):
+        assert not record
+        found = [re.search(r"The (\w+) door of the (.+?) vault opens", run_.extractor_tok.decode(p)) for p in prompts]
+        return [(9, f"ADD: {m.group(2)}: {m.group(1)}" if m else "NONE") for m in found]
+
+    attempt = [1]
+    monkeypatch.setattr(crl, "rollout", play)
+    monkeypatch.setattr(crl, "extractor_generate", extractor)
+    out = crl.evaluate_attempts(run, ["vault"], 8, 3)
+    secrets = [(lambda env: (env.reset(seed=crl.EVAL_SEED0 + j), env.secret)[1])(envs.make("vault")) for j in range(8)]
+    hit = [[s in {doors[(crl.EVAL_SEED0 + j + 3 * a + k) % 8] for k in range(3)} for j, s in enumerate(secrets)]
+           for a in (1, 2, 3)]
+    known = [[any(hit[b][j] for b in range(a + 1)) for j in range(8)] for a in range(3)]
+    for a in range(3):
+        assert out[f"attempts/vault/success_noexp_{a + 1}"] == sum(hit[a]) / 8
+        assert out[f"attempts/vault/success_exp_{a + 1}"] == sum(known[a]) / 8
+    assert sum(known[2]) > sum(hit[2]) and sum(known[0]) < 8        # the memory adds something, not everything
+    assert out["attempts/same_instance_1"] == 0.0 and out["attempts/same_instance_2"] == sum(known[0]) / 8
+    assert [e.text for e in manager.bank.entries("vault")] == ["nowhere: north"] and run.generations == {}

@@ -13,7 +13,8 @@ import envs
 import train
 from bank import ExperienceBank
 from model import Transformer, load_tokenizer
-from probes import ONE_MOVE, actor_policy, bank_value, lesson_follow, lessons, memoryless, policy, pool_lessons
+from probes import (ONE_MOVE, actor_policy, bank_value, judge, lesson_follow, lessons, memoryless, policy, pool_lessons,
+                    vault_controls)
 from test_train import FAST
 
 
@@ -94,3 +95,21 @@ def test_memoryless_and_bank_value(capsys):
     bank_value.main(train_starts=8, evals=4)
     out = capsys.readouterr().out
     assert "no lesson (the stepper): held-out success" in out and out.count("follow") == 8
+
+
+def test_judge_probe(capsys):
+    """P(accept) of right and wrong lessons on room and vault: probabilities, so within [0, 1]."""
+    judge.main(["--starts", "2"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "P(accept)" in line]
+    assert [line.split(" on ")[1].split(" ")[0] for line in lines] == ["room", "vault"]
+    for line in lines:
+        right, wrong = (float(line.split(f"{k} lesson ")[1].split(",")[0]) for k in ("right", "wrong"))
+        assert 0 <= right <= 1 and 0 <= wrong <= 1
+
+
+def test_vault_controls(capsys):
+    """The oracle bank names every vault's door and is retrieved for its own vault; the shuffled one is not."""
+    vault_controls.main(["--instances", "6"])
+    oracle, shuffled = [line for line in capsys.readouterr().out.splitlines() if " bank (" in line]
+    assert "oracle bank (1.000 of its lessons name the right door)" in oracle
+    assert oracle.endswith("same-instance retrieval 1.000") and shuffled.endswith("same-instance retrieval 0.000")
