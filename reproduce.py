@@ -78,10 +78,17 @@ def read_runs(results: str, task: str) -> dict:
     return runs
 
 
-def finals(runs: dict, mode: str, task: str, kind: str) -> dict:
-    """{seed: final held-out success} for kind 'exp' or 'noexp', finished runs only."""
-    key = f"eval/{task}/success_{kind}"
+def finals(runs: dict, mode: str, task: str, kind: str, attempt: int = 0) -> dict:
+    """{seed: final held-out success} for kind 'exp' or 'noexp' (at `attempt` of the attempts evaluation, if
+    given), finished runs only."""
+    key = f"attempts/{task}/success_{kind}_{attempt}" if attempt else f"eval/{task}/success_{kind}"
     return {s: r["final"][key] for s, r in runs.get(mode, {}).items() if r["final"] and key in r["final"]}
+
+
+def last_attempt(runs: dict, task: str) -> int:
+    """How many attempts the grid's attempts evaluation played (0: none)."""
+    keys = [k for m in runs.values() for r in m.values() if r["final"] for k in r["final"]]
+    return max([int(k.rsplit("_", 1)[1]) for k in keys if k.startswith(f"attempts/{task}/success_")], default=0)
 
 
 def extractor_reward(rows: list[dict]) -> tuple[float, float] | None:
@@ -117,19 +124,41 @@ def table(results: str, task: str) -> str:
                      f"{fmt(*mean_ci(diff)) if diff else '—'} | {reward_cell} |")
     lines.append("")
     lines += [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + attempts_table(runs, task)) + "\n"
 
 
-def vs_grpo(runs: dict, task: str, mode: str) -> list[str]:
-    """The mode's final success (with, then without experience) minus GRPO's, paired by seed."""
-    lines, grpo = [], finals(runs, "grpo", task, "noexp")
+def attempts_table(runs: dict, task: str) -> list[str]:
+    """Success at each attempt of the attempts evaluation (crl.evaluate_attempts), and each mode minus GRPO
+    at the last attempt, paired by seed."""
+    k = last_attempt(runs, task)
+    if not k:
+        return []
+    lines = ["", f"Each held-out instance played {k} times in rounds, the frozen extractor distilling each round "
+             f"into a copy of the bank (success at attempt 1 … {k}):", "",
+             "| mode | eval | " + " | ".join(f"attempt {a}" for a in range(1, k + 1)) + " |",
+             "|---|---|" + "---|" * k]
+    for mode in MODES:
+        for kind, label in (("exp", "w/ exp"), ("noexp", "w/o exp")):
+            cells = [finals(runs, mode, task, kind, a) for a in range(1, k + 1)]
+            if any(cells):
+                lines.append(f"| {mode} | {label} | " + " | ".join(fmt(*mean_ci(list(c.values()))) if c else "—"
+                                                                 for c in cells) + " |")
+    lines.append("")
+    return lines + [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode, k)]
+
+
+def vs_grpo(runs: dict, task: str, mode: str, attempt: int = 0) -> list[str]:
+    """The mode's final success (with, then without experience) minus GRPO's, paired by seed (at `attempt`
+    of the attempts evaluation, if given)."""
+    lines, grpo = [], finals(runs, "grpo", task, "noexp", attempt)
+    at = f", attempt {attempt}" if attempt else ""
     for kind, label in (("exp", "with"), ("noexp", "without")):
-        diff = paired(finals(runs, mode, task, kind), grpo)
+        diff = paired(finals(runs, mode, task, kind, attempt), grpo)
         if diff:
             m, h = mean_ci(diff)
             verdict = ("no interval from one seed" if math.isnan(h) else "the 95% interval is above zero" if m - h > 0
                        else "the 95% interval is below zero" if m + h < 0 else "the 95% interval contains zero")
-            lines.append(f"{'CRL' if mode == 'crl' else mode} (eval {label} experience) − GRPO, paired by seed: "
+            lines.append(f"{'CRL' if mode == 'crl' else mode} (eval {label} experience{at}) − GRPO, paired by seed: "
                          f"{fmt(m, h)} over {len(diff)} seed(s); {verdict}.  ")
     return lines
 

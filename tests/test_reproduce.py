@@ -10,8 +10,8 @@ import pytest
 import reproduce
 
 
-def _run(root, mode, seed, final: dict, rows: list[dict]):
-    d = os.path.join(root, "room", f"{mode}-seed{seed}")
+def _run(root, mode, seed, final: dict, rows: list[dict], task="room"):
+    d = os.path.join(root, task, f"{mode}-seed{seed}")
     os.makedirs(d)
     json.dump(final, open(os.path.join(d, "final.json"), "w"))
     open(os.path.join(d, "metrics.jsonl"), "w").write("".join(json.dumps(r) + "\n" for r in rows))
@@ -116,3 +116,22 @@ def test_a_cell_that_stops_stops_the_grid(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="grpo seed 0 stopped"):
         reproduce.main(["--modes", "grpo,crl", "--seeds", "2", "--results", str(tmp_path)])
     assert started == [("grpo", 0)]   # no other cell was started after it
+
+
+def test_attempts_table_takes_the_last_attempt(tmp_path):
+    """With an attempts evaluation in final.json: success at each attempt per mode, and each mode minus GRPO at
+    the last attempt, paired by seed (hand numbers)."""
+    root = str(tmp_path)
+    for s, (a1, a3) in enumerate([(0.3, 0.6), (0.4, 0.8)]):
+        crl = {"eval/vault/success_exp": 0.3, "eval/vault/success_noexp": 0.3}
+        crl.update({f"attempts/vault/success_exp_{a}": x for a, x in ((1, a1), (2, (a1 + a3) / 2), (3, a3))})
+        crl.update({f"attempts/vault/success_noexp_{a}": 0.35 for a in (1, 2, 3)})
+        _run(root, "crl", s, crl, [], "vault")
+        _run(root, "grpo", s, {"eval/vault/success_noexp": 0.4, **{f"attempts/vault/success_noexp_{a}": 0.4 + s / 10
+                                                                  for a in (1, 2, 3)}}, [], "vault")
+    text = reproduce.table(root, "vault")
+    assert "| crl | w/ exp | 0.350 ± 0.635 | 0.525 ± 0.953 | 0.700 ± 1.271 |" in text   # t(1 df) 12.706 * sd / sqrt 2
+    assert "| grpo | w/o exp | 0.450 ± 0.635 | 0.450 ± 0.635 | 0.450 ± 0.635 |" in text
+    # attempt 3, with experience: [0.6 - 0.4, 0.8 - 0.5] = [0.2, 0.3]: mean 0.25, sd 0.0707, 12.706 * 0.05 = 0.635
+    assert "CRL (eval with experience, attempt 3) − GRPO, paired by seed: 0.250 ± 0.635 over 2 seed(s)" in text
+    assert "CRL (eval with experience) − GRPO, paired by seed: -0.100 ± 0.000" in text   # the plain evaluation too
