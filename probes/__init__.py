@@ -8,6 +8,10 @@ in results/README.md and results/probes.md.
     bank_value      what a bank of "first move of the nearest success" lessons can carry in room (p5)
     memoryless      the ceiling of memoryless room policies around the stairs-stepper (p8)
     pool_lessons    a finite-pool run's lessons per pool instance (p6)
+    judge           P(accept) of right and wrong lessons: can an actor judge a lesson? (each preset's --judge)
+    merge_cost      one whole-bank merge pass at a run's bank size, timed (--merge-chunks)
+    vault_controls  the vault with an oracle and a shuffled bank: does the actor use the answer?
+    vault_lessons   a vault run's lessons against each vault's door
 
 Shared here: reading the words view (`ONE_MOVE`) and an actor's exact constrained policy (`policy`).
 """

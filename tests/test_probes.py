@@ -14,7 +14,7 @@ import train
 from bank import ExperienceBank
 from model import Transformer, load_tokenizer
 from probes import (ONE_MOVE, actor_policy, bank_value, judge, lesson_follow, lessons, memoryless, policy, pool_lessons,
-                    vault_controls)
+                    vault_controls, vault_lessons)
 from test_train import FAST
 
 
@@ -113,3 +113,21 @@ def test_vault_controls(capsys):
     oracle, shuffled = [line for line in capsys.readouterr().out.splitlines() if " bank (" in line]
     assert "oracle bank (1.000 of its lessons name the right door)" in oracle
     assert oracle.endswith("same-instance retrieval 1.000") and shuffled.endswith("same-instance retrieval 0.000")
+
+
+def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
+    """Two lessons written at iteration 3 (one names its vault's door, one another door), one at 12 (right), and a
+    merged one (no vault): 1/2 right in block 0-9, 1/1 in 10-19, 1 from merges."""
+    from bank import Operation
+    env = envs.make("vault")
+    secrets = [(env.reset(seed=s), env.secret)[1] for s in (5, 6)]
+    wrong = next(d for d in env.actions if d != secrets[1])
+    bank = ExperienceBank(2)
+    key = torch.tensor([1.0, 0.0])
+    bank.apply([Operation("add", "vault", secrets[0], key=key, step=3, origin=5),
+                Operation("add", "vault", wrong, key=key, step=3, origin=6),
+                Operation("add", "vault", secrets[1], key=key, step=12, origin=6),
+                Operation("add", "vault", "north", key=key, step=12)])
+    bank.save(tmp_path / "ckpt" / "bank")
+    shares, common, merged = vault_lessons.rightness(str(tmp_path))
+    assert shares == {0: (0.5, 2), 10: (1.0, 1)} and merged == 1

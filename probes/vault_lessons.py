@@ -1,0 +1,37 @@
+"""Do a vault run's lessons name the right door? Run: python -m probes.vault_lessons RUN_DIR [RUN_DIR ...]
+
+Reads the bank of a run's last checkpoint (RUN/ckpt/bank): every lesson distilled from an episode remembers
+the vault it came from (Entry.origin), whose door envs.Vault knows. Prints the share of lessons whose text is
+that door, by the iteration they were written in (chance: 1/8), and the commonest lessons.
+"""
+import collections
+import sys
+
+import envs
+from bank import ExperienceBank
+
+
+def rightness(run: str) -> tuple[dict, list, int]:
+    """{first iteration of a block of 10: (share right, lessons)}, the commonest texts, lessons of no vault."""
+    bank, env = ExperienceBank.load(f"{run}/ckpt/bank"), envs.make("vault")
+    entries = bank.entries("vault")
+    by_block = collections.defaultdict(list)
+    for e in entries:
+        if e.origin >= 0:
+            env.reset(seed=e.origin)
+            by_block[e.created // 10 * 10].append(e.text.strip().lower() == env.secret)
+    shares = {b: (sum(v) / len(v), len(v)) for b, v in sorted(by_block.items())}
+    return shares, collections.Counter(e.text for e in entries).most_common(5), sum(e.origin < 0 for e in entries)
+
+
+def main(runs: list[str]):
+    for run in runs:
+        shares, common, merged = rightness(run)
+        right = sum(s * n for s, n in shares.values()) / max(1, sum(n for _, n in shares.values()))
+        print(f"{run}: {right:.3f} of lessons name their vault's door (chance 0.125); {merged} from merges")
+        print("  by iteration written: " + ", ".join(f"{b}-{b + 9}: {s:.2f} of {n}" for b, (s, n) in shares.items()))
+        print("  commonest: " + ", ".join(f"{text!r} {n}" for text, n in common))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
