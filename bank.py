@@ -42,7 +42,8 @@ class BankConfig:
     """ExperienceBank's settings: its capacity and the release's diversity re-rank (see ExperienceBank)."""
     capacity: int = field(default=20000, metadata={"help": "entries kept per task; beyond it the oldest is evicted "
                                                            "[release: 20000, over all tasks]", "min": 1})
-    candidates: int = field(default=16, metadata={"help": "cosine top-N that the re-rank chooses from [release]", "min": 1})
+    candidates: int = field(default=16, metadata={"help": "cosine top-N that the re-rank chooses from [release]",
+                                                   "min": 1})
     use_penalty: float = field(default=0.4, metadata={"help": "re-rank: minus this times log(1 + times shown), in "
                                                               "ranks [release]", "min": 0})
     recency_penalty: float = field(default=1.0, metadata={"help": "re-rank: minus this, in ranks, for an entry shown "
@@ -119,7 +120,8 @@ class _Partition:
         keys = torch.zeros(cap, self.dim)
         keys[:self.n] = self.keys[:self.n]
         self.keys = keys
-        self.ids, self.shown, self.last_shown = grown(self.ids, -1), grown(self.shown, 0), grown(self.last_shown, _NEVER)
+        self.ids, self.shown = grown(self.ids, -1), grown(self.shown, 0)
+        self.last_shown = grown(self.last_shown, _NEVER)
 
     def append(self, eid, key, shown):
         self._grow(self.n + 1)

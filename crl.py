@@ -144,8 +144,8 @@ class CRLConfig:
     max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
     extractor_batch: int = setting(64, "rewarded generations buffered before a CISPO update [release]", min=1)
     judge: str = setting("accept-refine-reject", "the actor's judgement of a retrieved lesson before it acts: "
-                                                 "accept-refine-reject [release], accept-reject (two constrained words, "
-                                                 "for small models), or none (the paper's text)",
+                                                 "accept-refine-reject [release], accept-reject (two constrained "
+                                                 "words, for small models), or none (the paper's text)",
                          choices=("accept-refine-reject", "accept-reject", "none"))
     credit: str = setting("outcome", "what an episode credits the generations behind the lessons it used: outcome "
                                      "(its score, 0 -> -1: +1/-1 on success/failure, WebShop's fraction as it is) "
@@ -315,7 +315,7 @@ class Episode:
     lessons: list = field(default_factory=list)      # the retrieved lessons' texts, as the bank holds them
     retrieved: list = field(default_factory=list)    # their entry ids
     origins: list = field(default_factory=list)      # the instance seeds they were distilled from (-1: unknown)
-    experience: list = field(default_factory=list)   # what the prompt holds: the lessons the actor kept, as it kept them
+    experience: list = field(default_factory=list)   # what the prompt holds: the lessons kept, as the actor kept them
     sources: list = field(default_factory=list)      # the extractor generations credited by this episode
     verdicts: dict = field(default_factory=dict)     # generation -> the actor's judgement of its lesson
     segments: list = field(default_factory=list)
@@ -975,11 +975,11 @@ def train_step(run, step: int) -> dict:
     extractor_rng = (seeded_generator(run.extractor.device, run.seed, step, rank(), EXTRACTOR_SAMPLING)
                      if run.extractor else None)
 
-    # 1-2. G rollouts of each task instance
-    shown = searches(run)
+    # 1-2. G rollouts of each task instance; the with-experience half retrieves a lesson and judges it
+    searched = searches(run)
     with parallel.full_weights(run):
         eps = rollout(run, episode_specs(run, step), actor_rng, cfg.temperature)
-    metrics = {"step": step, **success_metrics(eps, "train"), **retrieval_metrics(run, shown)}
+    metrics = {"step": step, **success_metrics(eps, "train"), **retrieval_metrics(run, searched)}
     trains = step >= cfg.warmup or not cfg.uses_bank   # [release] neither model trains in the warm-up
     distilling = None
     if cfg.uses_bank:

@@ -84,7 +84,7 @@ class RunConfig:
 TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, warmup=2, free_text=False, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
             extractor_batch=32, micro_batch=16, eval_every=30, iters=270, instructions=False, show_map=False,
-            max_steps=10, judge="none")   # a model trained from scratch never learns to judge: its verdicts are not trained
+            max_steps=10, judge="none")   # a model trained from scratch never learns to judge: no verdict is trained
 TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 # SMOLLM2 (--actor smollm2, the 135M instruct model), each value measured on a 2-core CPU (results/smollm2/): the
 # lesson as a tip opening the first user turn, without the task text (followed 0.51 of the time against 0.18 at

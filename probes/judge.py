@@ -42,7 +42,8 @@ def vault_cases(starts: int) -> list[tuple]:
         other = envs.make("vault")
         obs, _ = env.reset(seed=crl.EVAL_SEED0 + i), other.reset(seed=crl.EVAL_SEED0 + starts + i)
         lesson = "In the {} vault the {} door opens."
-        cases.append((env.instruction, obs, lesson.format(env.name, env.secret), lesson.format(other.name, other.secret)))
+        right, wrong = lesson.format(env.name, env.secret), lesson.format(other.name, other.secret)
+        cases.append((env.instruction, obs, right, wrong))
     return cases
 
 

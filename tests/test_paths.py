@@ -221,7 +221,8 @@ def test_only_the_with_experience_half_is_distilled(monkeypatch):
     eps = [crl.Episode("room", g, g, j >= 2) for g in range(2) for j in range(4)]
     for i, e in enumerate(eps):
         e.success = i % 3 == 0
-    chosen = lambda **kw: [(e.group, e.with_exp) for e in crl.distill_episodes(tiny_run(**kw), eps, 0, None)]  # noqa: E731
+    def chosen(**kw):
+        return [(e.group, e.with_exp) for e in crl.distill_episodes(tiny_run(**kw), eps, 0, None)]
     assert chosen() == [(0, True), (0, True), (1, True), (1, True)]
     assert chosen(distill_from="all") == [(e.group, e.with_exp) for e in eps]
     assert chosen(distill_per_group=1) == [(0, True), (1, True)]

@@ -130,7 +130,8 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
         _run(root, "grpo", s, {"eval/vault/success_noexp": 0.4, **{f"attempts/vault/success_noexp_{a}": 0.4 + s / 10
                                                                   for a in (1, 2, 3)}}, [], "vault")
     text = reproduce.table(root, "vault")
-    assert "| crl | w/ exp | 0.350 ± 0.635 | 0.525 ± 0.953 | 0.700 ± 1.271 |" in text   # t(1 df) 12.706 * sd / sqrt 2
+    # t(1 df) 12.706 * sd / sqrt 2
+    assert "| crl | w/ exp | 0.350 ± 0.635 | 0.525 ± 0.953 | 0.700 ± 1.271 |" in text
     assert "| grpo | w/o exp | 0.450 ± 0.635 | 0.450 ± 0.635 | 0.450 ± 0.635 |" in text
     # attempt 3, with experience: [0.6 - 0.4, 0.8 - 0.5] = [0.2, 0.3]: mean 0.25, sd 0.0707, 12.706 * 0.05 = 0.635
     assert "CRL (eval with experience, attempt 3) − GRPO, paired by seed: 0.250 ± 0.635 over 2 seed(s)" in text
