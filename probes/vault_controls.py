@@ -9,7 +9,8 @@ vault and its door):
 Each bank is read by crl's evaluation (retrieval, judgement, rollout) and the probe reports success with and
 without the lesson, how often the first door tried is the lesson's, and the retrieval's same-instance share.
 Without memory the best success is 3/8 (envs.VAULT_MEMORYLESS_BEST); an actor that follows the oracle wins
-every time it does.
+every time it does. Last, the extractor's side: from scripted won and lost episodes, how often its lesson names
+the door that opened (a won one), or one of the wrong doors tried (a lost one).
 """
 import argparse
 
@@ -60,7 +61,41 @@ def main(argv=None):
               f"{mine.instances} held-out vaults: success with the lesson {m['eval/vault/success_exp']:.3f}, without "
               f"{m['eval/vault/success_noexp']:.3f}; first door = the lesson's {follow:.3f}; same-instance "
               f"retrieval {m['retrieval/same_instance']:.3f}")
+    extractor_check(run, mine.run or args.extractor, mine.instances)
     run.manager.close()
+
+
+def scripted_episode(seed: int, won: bool) -> crl.Episode:
+    """A with-experience vault episode played by script: two wrong doors, then the right one (won) or a third
+    wrong one (lost)."""
+    env, e = envs.make("vault"), crl.Episode("vault", seed, 0, True)
+    obs = env.reset(seed=seed)
+    e.instruction, e.query = env.instruction, crl.retrieval_query(env, obs)
+    e.transcript.append(("environment", obs))
+    wrong = [d for d in env.actions if d != env.secret]
+    for door in wrong[:2] + [env.secret if won else wrong[2]]:
+        obs, e.reward, _, info = env.step(door)
+        e.transcript += [("agent", door), ("environment", obs)]
+    e.success = info["success"]
+    return e
+
+
+def extractor_check(run, name: str, instances: int):
+    """What the extractor writes from a won and from a lost vault episode (crl.distill, the run's prompt and
+    grammar): the share of lessons that name the door that opened, and after a loss one of the doors tried."""
+    rng = crl.seeded_generator(run.extractor.device, run.seed, crl.EVAL_STEP, 0, crl.EXTRACTOR_SAMPLING)
+    run.counters = {"parse_failures": 0, "operations": 0}
+    run.timer = {"extractor": 0.0}
+    for won in (True, False):
+        eps = [scripted_episode(crl.EVAL_SEED0 + j, won) for j in range(instances)]
+        ops = crl.distill(run, eps, 0, rng, record=False)
+        by_seed = {op.origin: op.text.strip().lower() for op in ops}
+        tried = {e.seed: {t for who, t in e.transcript if who == "agent"} for e in eps}
+        opened = {e.seed: e.transcript[-2][1] for e in eps}
+        named = sum(by_seed.get(e.seed) == opened[e.seed] for e in eps) / instances
+        wrong = sum(by_seed.get(e.seed) in tried[e.seed] for e in eps) / instances
+        print(f"{name} extractor, {instances} {'won' if won else 'lost'} vault episodes: {len(ops)} lessons; "
+              + (f"{named:.3f} name the door that opened" if won else f"{wrong:.3f} name a door tried (all wrong)"))
 
 
 if __name__ == "__main__":

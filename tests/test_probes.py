@@ -110,9 +110,18 @@ def test_judge_probe(capsys):
 def test_vault_controls(capsys):
     """The oracle bank names every vault's door and is retrieved for its own vault; the shuffled one is not."""
     vault_controls.main(["--instances", "6"])
-    oracle, shuffled = [line for line in capsys.readouterr().out.splitlines() if " bank (" in line]
+    out = capsys.readouterr().out.splitlines()
+    oracle, shuffled = [line for line in out if " bank (" in line]
     assert "oracle bank (1.000 of its lessons name the right door)" in oracle
     assert oracle.endswith("same-instance retrieval 1.000") and shuffled.endswith("same-instance retrieval 0.000")
+    won, lost = [line for line in out if " extractor, 6 " in line]
+    assert "won vault episodes" in won and "lost vault episodes" in lost
+
+
+def test_scripted_vault_episodes_win_and_lose_as_scripted():
+    won, lost = (vault_controls.scripted_episode(crl.EVAL_SEED0, outcome) for outcome in (True, False))
+    assert won.success and won.reward == 1.0 and not lost.success and lost.reward == 0.0
+    assert "opens" in won.transcript[-1][1] and [who for who, _ in lost.transcript].count("agent") == 3
 
 
 def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
