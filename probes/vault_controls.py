@@ -80,6 +80,15 @@ def scripted_episode(seed: int, won: bool) -> crl.Episode:
     return e
 
 
+def door_shares(eps: list[crl.Episode], ops: list) -> tuple[float, float]:
+    """Of the episodes, the shares whose lesson (the operation distilled from it) is the last door tried (the
+    one that opened, in a won episode), and is any door tried."""
+    by_seed = {op.origin: op.text.strip().lower() for op in ops}
+    tried = [[t for who, t in e.transcript if who == "agent"] for e in eps]
+    last = sum(by_seed.get(e.seed) == doors[-1] for e, doors in zip(eps, tried)) / len(eps)
+    return last, sum(by_seed.get(e.seed) in doors for e, doors in zip(eps, tried)) / len(eps)
+
+
 def extractor_check(run, name: str, instances: int):
     """What the extractor writes from a won and from a lost vault episode (crl.distill, the run's prompt and
     grammar): the share of lessons that name the door that opened, and after a loss one of the doors tried."""
@@ -89,11 +98,7 @@ def extractor_check(run, name: str, instances: int):
     for won in (True, False):
         eps = [scripted_episode(crl.EVAL_SEED0 + j, won) for j in range(instances)]
         ops = crl.distill(run, eps, 0, rng, record=False)
-        by_seed = {op.origin: op.text.strip().lower() for op in ops}
-        tried = {e.seed: {t for who, t in e.transcript if who == "agent"} for e in eps}
-        opened = {e.seed: e.transcript[-2][1] for e in eps}
-        named = sum(by_seed.get(e.seed) == opened[e.seed] for e in eps) / instances
-        wrong = sum(by_seed.get(e.seed) in tried[e.seed] for e in eps) / instances
+        named, wrong = door_shares(eps, ops)
         print(f"{name} extractor, {instances} {'won' if won else 'lost'} vault episodes: {len(ops)} lessons; "
               + (f"{named:.3f} name the door that opened" if won else f"{wrong:.3f} name a door tried (all wrong)"))
 

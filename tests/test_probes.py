@@ -140,3 +140,15 @@ def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
     bank.save(tmp_path / "ckpt" / "bank")
     shares, common, merged = vault_lessons.rightness(str(tmp_path))
     assert shares == {0: (0.5, 2), 10: (1.0, 1)} and merged == 1
+
+
+def test_door_shares_by_hand():
+    """Lessons from 4 scripted won episodes: one names the opened door, one a wrong door tried, one a door never
+    tried, one episode has no lesson: 1/4 name the opened door, 2/4 a door tried."""
+    from bank import Operation
+    eps = [vault_controls.scripted_episode(crl.EVAL_SEED0 + j, True) for j in range(4)]
+    doors = [[t for who, t in e.transcript if who == "agent"] for e in eps]
+    untried = next(d for d in envs.make("vault").actions if d not in doors[2])
+    ops = [Operation("add", "vault", doors[0][-1], origin=eps[0].seed), Operation("add", "vault", doors[1][1],
+           origin=eps[1].seed), Operation("add", "vault", untried, origin=eps[2].seed)]
+    assert vault_controls.door_shares(eps, ops) == (0.25, 0.5)
