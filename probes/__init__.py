@@ -2,7 +2,7 @@
 root with `python -m probes.NAME ...`; tests/test_probes.py runs each on a tiny setting. Their findings are
 in results/README.md and results/probes.md.
 
-    lesson_follow   P(move | a one-move lesson names it): does a lesson reach the actor? (issue 21)
+    lesson_follow   P(move | a one-move lesson names it): does a lesson reach the actor?
     lessons         a run's bank: each lesson, its uses and success when used, and how the bank grew
     actor_policy    a trained tiny actor's exact constrained policy by what is in view (p7)
     bank_value      what a bank of "first move of the nearest success" lessons can carry in room (p5)

@@ -1,5 +1,5 @@
 """How often an actor plays the move a lesson names, on held-out starts: the probe of whether lessons can
-reach the actor at all (issue 21). Run: python -m probes.lesson_follow [--run RUN_DIR] [--task TASK]
+reach the actor at all. Run: python -m probes.lesson_follow [--run RUN_DIR] [--task TASK]
 [--starts N] [--moves-before K] [train.py flags that shape the prompt: --actor, --lesson-turn, --no-map, ...].
 
 For each of N held-out starts (EVAL_SEED0...), after K random moves played in the episode's context (the
