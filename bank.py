@@ -472,7 +472,11 @@ class ExperienceBank:
         if not root.is_dir():
             raise FileNotFoundError(f"no experience bank at {root}: the directory does not exist")
         if not (root / "meta.json").is_file() and (root / "CURRENT").is_file():
-            root = root / (root / "CURRENT").read_text().strip()   # an older save: CURRENT names its snapshot
+            snapshot = (root / (root / "CURRENT").read_text().strip()).resolve()   # an older save: CURRENT names
+            if root.resolve() not in snapshot.parents:                             # its snapshot, inside it
+                raise ValueError(f"{root / 'CURRENT'} names {snapshot}, outside the bank's directory; a bank "
+                                 "reads only its own files")
+            root = snapshot
         if not (root / "meta.json").is_file():
             raise FileNotFoundError(f"{root} is not a saved experience bank (no meta.json); "
                                     "point to the directory ExperienceBank.save() wrote")
@@ -519,6 +523,8 @@ def _read(root: Path):
     if len(records) != meta["count"] or tuple(keys.shape) != (meta["count"], meta["dim"]):
         raise ValueError(f"{len(records)} entries and keys of shape {tuple(keys.shape)}, header says "
                          f"{meta['count']} x {meta['dim']}")
+    if not torch.isfinite(keys).all():   # would make every search's scores NaN
+        raise ValueError("keys.safetensors holds non-finite keys")
     if len({r["id"] for r in records}) != len(records):   # would leave two rows for one entry
         raise ValueError("entries.jsonl lists an id twice")
     return meta, records, keys

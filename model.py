@@ -658,10 +658,14 @@ def load_tokenizer(path):
         return ByteTokenizer()
     try:
         from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # transformers' errors are long; keep the cause, say what was expected
         raise ValueError(f"could not load a tokenizer from {path!r} (expected tokenizer files or "
                          f"{ByteTokenizer.FILE}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if len(tok) < 256:   # a directory without tokenizer files gets an empty tokenizer from its config alone
+        raise ValueError(f"{path!r} holds no tokenizer files ({ByteTokenizer.FILE} for a tiny model), only "
+                         f"{len(tok)} tokens' worth")
+    return tok
 
 
 # -----------------------------------------------------------------------------------------------------------

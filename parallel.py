@@ -22,6 +22,7 @@ hands back what it was given. crl.py calls it at a few fixed points, train.py wh
   trains and hands the operations back, so every rank can apply every rank's operations in rank order at
   one fixed point (crl.apply_everywhere): bank replicas stay identical and runs reproducible.
 """
+import pickle
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 
@@ -206,10 +207,47 @@ def load_sharded(run, path: str):
     if not models:
         return
     state = {name: _state(model, opt) for name, (model, opt) in models.items()}
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, storage_reader=_reader(path))
     for name, (model, opt) in models.items():
         set_state_dict(model, [opt] if opt else [], model_state_dict=state[name]["model"],
                        optim_state_dict=state[name].get("optim", {}))
+
+
+# torch's FileSystemReader unpickles dcp/.metadata as it is: a planted file would run code on --resume. What
+# torch writes there names only these classes, so nothing else is let through.
+_METADATA_CLASSES = {("pathlib", n) for n in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")} | {
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        import torch.distributed.checkpoint.metadata as meta
+        if ((module, name) in _METADATA_CLASSES or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                                                     torch.dtype))
+                or (module == meta.__name__ and getattr(getattr(meta, name, None), "__module__", "") == module)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which torch's checkpoint metadata never holds")
+
+
+def read_dcp_metadata(path: str):
+    """A dcp/.metadata file, unpickled with only the classes torch writes there allowed."""
+    with open(path, "rb") as f:
+        return _MetadataUnpickler(f).load()
+
+
+def _reader(path: str):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_dcp_metadata(self._get_metadata_path(kwargs.get("rank")))   # as torch's reader
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+    return SafeReader(path)
 
 
 # ---------------------------------------------------------------------------------------------------------

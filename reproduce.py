@@ -215,7 +215,8 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
     check_same_flags(out, argv)
     if os.path.exists(os.path.join(out, "final.json")):
         return
-    resume = os.path.exists(os.path.join(out, "ckpt", "state.pt"))
+    # a crash between a save's two renames leaves the checkpoint in ckpt.old: train.py --resume puts it back
+    resume = any(os.path.exists(os.path.join(out, c, "state.pt")) for c in ("ckpt", "ckpt.old"))
     if not resume and os.path.exists(out):
         shutil.rmtree(out)   # killed before its first checkpoint: nothing to keep
     print(f"== {task} {mode} seed {seed}: {'resuming' if resume else 'starting'} ({out})", flush=True)

@@ -3,8 +3,9 @@
 Builds the actor and the extractor (the embedded `tiny` preset, or HF checkpoint directories), the
 embedder and the experience bank, then runs crl.train_step in a loop with periodic evaluation, logging to
 OUT/metrics.jsonl, a learning-curve picture OUT/curve.png, and checkpoints in OUT/ckpt (both models as HF
-directories, the bank, the trainer state). DDP: gloo on CPU, nccl on CUDA; every rank plays its share of
-the groups and holds an identical bank replica (see crl.py).
+directories, the bank, the trainer state; rundir.py keeps OUT whole under kills, full disks and damage). DDP:
+gloo on CPU, nccl on CUDA; every rank plays its share of the groups and holds an identical bank replica (see
+crl.py).
 
 Settings have one home each: a field of `RunConfig` below (what to train, where, how often to evaluate and
 save) or of `crl.CRLConfig` (the algorithm, the bank's settings included), with its help and range. The
@@ -14,14 +15,14 @@ import argparse
 import dataclasses
 import gc
 import json
+import math
 import os
 import random
-import shutil
 import sys
 import time
 import typing
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ from tqdm import tqdm
 import crl
 import envs
 import parallel
+import rundir
 from bank import Embedder, ExperienceBank, ExperienceManager
 from crl import setting
 from model import PACKAGED, Transformer, checkpoint_dir, load_tokenizer
@@ -170,6 +172,8 @@ def check(p, args):
         v, m, flag = getattr(args, dest), f.metadata, flag_name(dest, f)
         if v is None or isinstance(v, bool):
             continue
+        if isinstance(v, float) and not math.isfinite(v):
+            p.error(f"{flag} must be a finite number (got {v})")
         if "choices" in m and v not in m["choices"]:
             p.error(f"{flag} must be one of {', '.join(m['choices'])} (got {v!r})")
         if ("min" in m and v < m["min"]) or ("above" in m and v <= m["above"]) or ("max" in m and v > m["max"]):
@@ -214,7 +218,13 @@ def saved_flags(p, given: dict, defaults: dict) -> dict:
     if not given.get("out") or not os.path.exists(path):
         p.error(f"--resume: no run in {given.get('out')} (no args.json, no checkpoint); run without --resume to "
                 "start one")
-    saved = {k: v for k, v in json.load(open(path)).items() if k in defaults and k != "resume"}
+    try:
+        saved = rundir.read_json(path)
+    except rundir.Damaged as err:
+        p.error(f"{err}: it holds the run's flags; restore it, or start a new run in another --out")
+    if not isinstance(saved, dict):
+        p.error(f"{path} is damaged (not a JSON object): it holds the run's flags; restore it, or start a new run")
+    saved = {k: v for k, v in saved.items() if k in defaults and k != "resume"}
     if "tasks" in saved:
         saved["tasks"] = ",".join(saved["tasks"])
     return saved
@@ -278,103 +288,12 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checkpoints: OUT/ckpt is the latest. A new one is written to ckpt.tmp and flushed to disk, the old one moved
-# to ckpt.old, the new one renamed into place, the renames flushed, and only then the old one deleted: a crash
-# or power cut at any point leaves a complete checkpoint in ckpt or ckpt.old, and recover_checkpoint() puts
-# the latter back. This is the only place that makes files durable (the bank's files inside are plain).
-
-def save_checkpoint(run: crl.Run, out: str, step: int, args=None):
-    """Every rank calls it: each keeps its own unrewarded extractor generations, and with --fsdp each holds a
-    shard of the weights (saved with torch.distributed.checkpoint under dcp/, beside the HF export)."""
-    tmp, final, old = (os.path.join(out, name) for name in ("ckpt.tmp", "ckpt", "ckpt.old"))
-    if crl.rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    # every rank's generations, in rank order (the gather is also the barrier after rank 0 made tmp)
-    ranks = crl.gather_objects({"generations": [asdict(g) for g in run.generations.values()],
-                                "generations_made": run.generations_made})
-    parallel.save_sharded(run, os.path.join(tmp, "dcp"))
-    for name, model, tok in (("actor", run.actor, run.actor_tok), ("extractor", run.extractor, run.extractor_tok)):
-        if model is not None:
-            parallel.save_pretrained(model, os.path.join(tmp, name))
-            if crl.rank() == 0:
-                tok.save_pretrained(os.path.join(tmp, name))
-    if crl.rank() != 0:
-        return
-    if run.manager is not None:
-        run.manager.bank.save(os.path.join(tmp, "bank"))
-    sharded = parallel.is_sharded(run.actor)   # then the optimizers' state is in dcp/
-    state = {
-        "step": step,
-        "actor_opt": run.actor_opt.state_dict() if run.actor_opt and not sharded else None,
-        "extractor_opt": run.extractor_opt.state_dict() if run.extractor_opt and not sharded else None,
-        "ranks": ranks,
-    }
-    torch.save(state, os.path.join(tmp, "state.pt"))
-    fsync_tree(tmp)   # the other ranks' dcp shards too: dcp.save returned only once every rank had written
-    if os.path.exists(final):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync(out)        # both renames on disk before the old checkpoint goes
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def fsync_tree(top: str):
-    """fsync every file under `top`, then every directory bottom-up, so that once `top` is renamed into
-    place, a power cut cannot leave a name pointing at data that never reached the disk."""
-    for root, _, files in os.walk(top, topdown=False):
-        for name in files:
-            fsync(os.path.join(root, name))
-        fsync(root)
-
-
-def fsync(path: str):
-    """Flush a file's data, or a directory's entries, to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        if not os.path.isdir(path):
-            raise   # some filesystems cannot flush a directory: its renames are then as durable as they make them
-    finally:
-        os.close(fd)
-
-
-def recover_checkpoint(out: str):
-    """A save that crashed between its two renames left the previous checkpoint in ckpt.old: restore it."""
-    final, old = os.path.join(out, "ckpt"), os.path.join(out, "ckpt.old")
-    if not os.path.exists(final) and os.path.exists(os.path.join(old, "state.pt")):
-        os.replace(old, final)
-        fsync(out)
-
-
-def load_trainer_state(run: crl.Run, ckpt: str) -> int:
-    """Optimizers and the extractor's unrewarded generations from a checkpoint; returns the next step."""
-    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)
-    if run.actor_opt and state["actor_opt"]:
-        run.actor_opt.load_state_dict(state["actor_opt"])
-    if run.extractor_opt and state["extractor_opt"]:
-        run.extractor_opt.load_state_dict(state["extractor_opt"])
-    ranks = state.get("ranks") or [{"generations": state["generations"],      # a checkpoint from before
-                                    "generations_made": state["gen_counter"]}]  # per-rank generations
-    if len(ranks) != crl.world():
-        sys.exit(f"error: --resume: the checkpoint was written by {len(ranks)} ranks, this run has {crl.world()}; "
-                 f"resume with torchrun --nproc_per_node {len(ranks)}")
-    mine = ranks[crl.rank()]   # each rank takes back its own unrewarded generations
-    run.generations = {g["id"]: crl.Generation(**g) for g in mine["generations"]}
-    run.generations_made = mine["generations_made"]
-    parallel.load_sharded(run, os.path.join(ckpt, "dcp"))
-    return state["step"] + 1
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Building a run, and the loop
 
 def build(args, device, dtype) -> tuple[crl.Run, int]:
     """The run from parsed flags: actor, extractor, embedder, bank and optimizers, or with --resume their
     state from OUT/ckpt. Returns the `crl.Run` and the first iteration to run (bench.py reuses this)."""
-    ckpt = os.path.join(args.out, "ckpt") if args.resume else None
+    ckpt = rundir.checkpoint_to_resume(args)
     torch.manual_seed(args.seed)
     cfg = config_from(args)
     prior = (lambda model, tok: teach_lessons(model, tok, cfg, args.tasks, args.lesson_prior, args.seed)
@@ -391,7 +310,7 @@ def build(args, device, dtype) -> tuple[crl.Run, int]:
                      if cfg.trains_extractor else None)
     run = crl.Run(cfg, args.tasks, args.seed, actor, actor_tok, actor_opt, extractor, extractor_tok, extractor_opt,
                   manager)
-    return run, load_trainer_state(run, ckpt) if ckpt else 0
+    return run, rundir.load_trainer_state(run, ckpt) if ckpt else 0
 
 
 def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, seed: int, batch: int = 32):
@@ -445,43 +364,6 @@ def build_manager(args, cfg: crl.CRLConfig, device, ckpt: str | None) -> Experie
     return ExperienceManager(bank, embedder, sync=distill == "inline")
 
 
-def open_run_dir(args):
-    """A new run must not overwrite another (its flags go to OUT/args.json); --resume continues one with its
-    saved flags."""
-    if args.out is None:
-        stamp = crl.gather_objects(time.strftime("%Y%m%d-%H%M%S"))[0]
-        args.out = os.path.join("runs", f"{'+'.join(args.tasks)}-{args.mode}-{stamp}")
-    if args.resume:
-        if crl.rank() == 0:
-            recover_checkpoint(args.out)
-        if crl.world() > 1:
-            dist.barrier()
-        ckpt = os.path.join(args.out, "ckpt")
-        if not os.path.exists(os.path.join(ckpt, "state.pt")):
-            sys.exit(f"error: --resume: no checkpoint in {ckpt}; run without --resume to start a new run")
-    elif crl.gather_objects(os.path.exists(os.path.join(args.out, "args.json")))[0]:
-        # rank 0's answer for every rank (collected before rank 0 writes args.json below): no race under DDP
-        sys.exit(f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        sys.exit(f"error: --out {args.out} is a file; choose a directory")
-    if crl.rank() == 0:   # on --resume, the flags given again are the run's from now on
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "args.json")   # replaced whole: another rank may be reading it
-        json.dump(vars(args), open(path + ".tmp", "w"), indent=1)
-        os.replace(path + ".tmp", path)
-
-
-def open_log(args, start: int, name: str = "metrics.jsonl"):
-    """Rank 0's OUT/NAME (a line a step) for appending; on --resume, lines of iterations after the checkpoint go."""
-    if crl.rank() != 0:
-        return None
-    path = os.path.join(args.out, name)
-    if args.resume and os.path.exists(path):
-        kept = [line for line in open(path).read().splitlines() if json.loads(line)["step"] < start]
-        open(path, "w").write("".join(line + "\n" for line in kept))
-    return open(path, "a")
-
-
 def iteration(run: crl.Run, args, step: int) -> dict:
     """One training iteration, then the evaluation when it is due; the metrics with their timings."""
     t0 = time.perf_counter()
@@ -504,7 +386,10 @@ def report(args, metrics: dict, log, bar):
     log.flush()
     step = metrics["step"]
     if step % CURVE_EVERY == 0 or step == args.iters - 1 or any(k.startswith("eval/") for k in metrics):
-        draw_curve(args.out)
+        try:
+            draw_curve(args.out)
+        except Exception as err:   # a picture is never worth stopping the training for
+            warnings.warn(f"step {step}: {args.out}/curve.png not redrawn ({type(err).__name__}: {err})")
     bar.set_postfix({k.split("/", 1)[1]: f"{v:.2f}" for k, v in metrics.items()
                      if k.startswith("train/") and isinstance(v, float)})
 
@@ -517,7 +402,7 @@ def log_bank(run: crl.Run, log, step: int):
 
 
 def checkpoint(run: crl.Run, args, step: int):
-    save_checkpoint(run, args.out, step, args)
+    rundir.save_checkpoint(run, args.out, step)
     if crl.world() > 1:
         dist.barrier()
 
@@ -528,10 +413,19 @@ def main(argv=None):
     device = setup_distributed(args)
     if args.fsdp:
         parallel.ensure_process_group(device)
-    open_run_dir(args)
+    lock = rundir.open_run_dir(args)
+    try:
+        return train(args, device, owns_group)
+    finally:
+        if lock:
+            lock.release()
+
+
+def train(args, device, owns_group: bool) -> crl.Run:
     run, start = build(args, device, model_dtype(args, device))
-    log = open_log(args, start)
-    bank_log = open_log(args, start, "bank.jsonl") if run.manager is not None else None
+    rundir.save_flags(args)
+    log = rundir.open_log(args, start)
+    bank_log = rundir.open_log(args, start, "bank.jsonl") if run.manager is not None else None
     save_every = args.save_every or args.eval_every   # 0: only after the last iteration
     steps = range(start, args.iters)
     if crl.rank() == 0:
@@ -565,14 +459,13 @@ def final_evaluation(run: crl.Run, args):
     if args.final_attempts:
         metrics.update(crl.evaluate_attempts(run, args.tasks, args.final_eval_episodes, args.final_attempts))
     if crl.rank() == 0:
-        path = os.path.join(args.out, "final.json")
-        json.dump(metrics, open(path + ".tmp", "w"), indent=1)
-        os.replace(path + ".tmp", path)
+        rundir.write_json(os.path.join(args.out, "final.json"), metrics)
 
 
 def finish(run: crl.Run, args, owns_group: bool):
     if run.manager is not None:
         run.manager.close()
+    rundir.drop_fallback(args.out)
     if crl.rank() == 0:
         ckpt = os.path.join(args.out, "ckpt")
         saved = f", checkpoint in {ckpt}" if os.path.exists(ckpt) else ""

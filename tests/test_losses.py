@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import crl
 from crl import aggregate, cispo_loss, grpo_loss, parse_operations, split_advantages
 
 # ratios r = exp(logp - old_logp) with old_logp = 0; row 0 has advantage +1 (2 valid tokens), row 1 has -2
@@ -109,3 +110,23 @@ def test_windowed_episode_counts_as_one_sequence():
     windows = aggregate(torch.tensor([[1.0, 2.0], [3.0, 0.0]]), torch.tensor([[1, 1], [1, 0]], dtype=torch.bool),
                         "seq-mean-token-mean", num_seqs=1.0, seq_tokens=torch.tensor([3.0, 3.0]))
     assert whole.item() == pytest.approx(2.0) and windows.item() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_the_run_splits_advantages_by_experience(monkeypatch, split):
+    """actor_update as train_step calls it: two instances of four rollouts, the last two of each with
+    experience. Split, each half is centred on its own mean; --no-split, the whole group on one mean."""
+    from types import SimpleNamespace
+    seen = {}
+    monkeypatch.setattr(crl, "policy_update", lambda run, model, opt, segments, adv, *a: seen.setdefault("adv", adv)
+                        and {})
+    rewards = [1, 0, 1, 1, 0, 0, 1, 0]
+    eps = [crl.Episode("room", 0, i // 4, i % 4 >= 2, reward=r, segments=[crl.Segment()])
+           for i, r in enumerate(rewards)]
+    run = SimpleNamespace(cfg=crl.CRLConfig(split=split), actor=None, actor_opt=None, timer={})
+    crl.actor_update(run, eps)
+    # by hand: split, group 0 without (1, 0) -> +-0.5, with (1, 1) -> 0; group 1 without (0, 0) -> 0, with (1, 0)
+    # -> +-0.5; one group of four: group 0 mean 0.75, group 1 mean 0.25
+    want = ([0.5, -0.5, 0, 0, 0, 0, 0.5, -0.5] if split else
+            [0.25, -0.75, 0.25, 0.25, -0.25, -0.25, 0.75, -0.25])
+    assert seen["adv"] == pytest.approx(want)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import crl
+import rundir
 import train
 from model import Transformer, token_logprobs
 
@@ -248,7 +249,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     run = crl.Run(crl.CRLConfig(mode="grpo"), ["room"], 0, actor, load_tokenizer("tiny"),
                   torch.optim.AdamW(actor.parameters()), None, None, None, None)
     out = str(tmp_path)
-    train.save_checkpoint(run, out, 4)
+    rundir.save_checkpoint(run, out, 4)
     step = lambda: torch.load(os.path.join(out, "ckpt", "state.pt"), weights_only=True)["step"]  # noqa: E731
     real_save = torch.save
 
@@ -256,7 +257,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
     monkeypatch.setattr(torch, "save", fail)               # the new checkpoint fails halfway through
     with pytest.raises(OSError):
-        train.save_checkpoint(run, out, 5)
+        rundir.save_checkpoint(run, out, 5)
     assert step() == 4
     monkeypatch.setattr(torch, "save", real_save)
     real_replace, calls = os.replace, []
@@ -268,13 +269,13 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         real_replace(src, dst)
     monkeypatch.setattr(os, "replace", crash_on_second)    # the crash between moving the old one aside and
     with pytest.raises(OSError):                          # renaming the new one into place
-        train.save_checkpoint(run, out, 6)
+        rundir.save_checkpoint(run, out, 6)
     monkeypatch.setattr(os, "replace", real_replace)
     assert not os.path.exists(os.path.join(out, "ckpt"))
-    train.recover_checkpoint(out)
+    rundir.recover_checkpoint(out)
     assert step() == 4
-    train.save_checkpoint(run, out, 7)
-    assert step() == 7 and sorted(os.listdir(out)) == ["ckpt"]
+    rundir.save_checkpoint(run, out, 7)
+    assert step() == 7 and sorted(os.listdir(out)) == ["ckpt", "ckpt.old"]   # the one before: the fallback
 
 
 def _free_port() -> int:

@@ -1,0 +1,377 @@
+"""The run directory: what train.py keeps in OUT, written so that a kill at any moment, a full disk or a second
+process on the same OUT loses nothing, and read back so that a damaged file is one line naming it.
+
+    OUT/lock            the pid of the process training in OUT: one at a time
+    OUT/args.json       the run's flags, written once its models have loaded
+    OUT/metrics.jsonl   a line an iteration; OUT/bank.jsonl a line an evaluation
+    OUT/ckpt/           the latest checkpoint: both models as HF directories, the bank, the trainer state
+    OUT/ckpt.old/       the one before it, the fallback while the run goes on
+    OUT/final.json      the final evaluation
+
+A small file is written whole to a temporary file, flushed to disk and renamed into place (`write_file`); a
+checkpoint is written to ckpt.tmp, flushed, and renamed into place the same way. A checkpoint is checked
+(`verify`) before a run resumes from it; a damaged one is moved to ckpt.damaged and the run resumes from the
+one before, with a message."""
+import contextlib
+import dataclasses
+import errno
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+
+import torch
+
+import crl
+import parallel
+
+
+class Damaged(Exception):
+    """A run-directory file that cannot be read back: str() names it and says why."""
+    def __init__(self, path: str, why):
+        super().__init__(f"{path} is damaged ({why if isinstance(why, str) else f'{type(why).__name__}: {why}'})"
+                         .replace("\n", " "))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Small files: whole or not at all
+
+def write_file(path: str, text: str):
+    """Replace `path` with `text` atomically and durably; a full disk is a one-line error, the old file intact."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if err.errno == errno.ENOSPC:
+            sys.exit(f"error: cannot write {path}: the disk is full; free space, then run again with --resume")
+        sys.exit(f"error: cannot write {path}: {err.strerror or err}")
+
+
+def write_json(path: str, obj):
+    write_file(path, json.dumps(obj, indent=1))
+
+
+def read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise Damaged(path, err) from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One process per run directory
+
+class Lock:
+    """OUT/lock, created exclusively and holding `pid host`, for the run's whole life. A lock left by a process
+    that is gone (killed) is taken over with a message; one held by a live process is an error."""
+
+    def __init__(self, out: str):
+        self.path, self.mine = os.path.join(out, "lock"), f"{os.getpid()} {socket.gethostname()}"
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                self.take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(self.mine)
+            return
+        sys.exit(f"error: {out} is being opened by another process at this moment; wait for it")
+
+    def take_over_if_stale(self):
+        try:
+            pid, host = open(self.path).read().split()
+            pid = int(pid)
+        except (OSError, ValueError):
+            pid, host = None, socket.gethostname()   # half-written by a process killed while taking it
+        if host != socket.gethostname():
+            sys.exit(f"error: {os.path.dirname(self.path)} is in use by pid {pid} on {host}; wait for it, or delete "
+                     f"{self.path} if that run is not training")
+        if pid is not None and alive(pid):
+            sys.exit(f"error: {os.path.dirname(self.path)} is in use by a run training now (pid {pid}); wait for "
+                     f"it, or choose another --out")
+        print(f"taking over {self.path} from pid {pid}, which is gone", file=sys.stderr)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+
+    def release(self):
+        with contextlib.suppress(OSError):
+            if open(self.path).read() == self.mine:
+                os.remove(self.path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def open_run_dir(args) -> Lock | None:
+    """Rank 0 locks OUT; a new run must not overwrite another (one holds OUT/args.json); --resume continues one.
+    Nothing else is written here: args.json follows once the models have loaded (`save_flags`)."""
+    if args.out is None:
+        stamp = crl.gather_objects(__import__("time").strftime("%Y%m%d-%H%M%S"))[0]
+        args.out = os.path.join("runs", f"{'+'.join(args.tasks)}-{args.mode}-{stamp}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        sys.exit(f"error: --out {args.out} is a file; choose a directory")
+    lock, refused = None, None
+    if crl.rank() == 0:
+        os.makedirs(args.out, exist_ok=True)
+        try:
+            lock = Lock(args.out)
+        except SystemExit as stop:
+            refused = str(stop.code)
+        if lock and not args.resume and os.path.exists(os.path.join(args.out, "args.json")):
+            refused = f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out"
+    refused = crl.gather_objects(refused)[0]   # rank 0's answer for every rank: no rank goes on alone
+    if refused:
+        if lock:
+            lock.release()
+        sys.exit(refused)
+    return lock
+
+
+def save_flags(args):
+    """OUT/args.json: on --resume, the flags given again are the run's from now on."""
+    if crl.rank() == 0:
+        write_json(os.path.join(args.out, "args.json"), vars(args))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Logs
+
+def open_log(args, start: int, name: str = "metrics.jsonl"):
+    """Rank 0's OUT/NAME (a line a step) for appending. On --resume the lines of iterations after the checkpoint
+    go (rewritten through a temporary file): the first line at or past `start`, or damaged (the line a crash cut),
+    ends what is kept, and the rest is dropped; damage before the checkpoint is an error naming the line."""
+    if crl.rank() != 0:
+        return None
+    path = os.path.join(args.out, name)
+    if args.resume and os.path.exists(path):
+        lines, kept, damaged = open(path, encoding="utf-8", errors="replace").read().splitlines(), None, None
+        for n, line in enumerate(lines):
+            step = log_step(line)
+            if step is None and damaged is None:
+                damaged = n
+            elif step is not None and step < start and damaged is not None:
+                sys.exit(f"error: {path} line {damaged + 1} is damaged and comes before the checkpoint (step "
+                         f"{start - 1}); delete that line, then run again with --resume")
+            if kept is None and (step is None or step >= start):
+                kept = n
+        write_file(path, "".join(line + "\n" for line in lines[:len(lines) if kept is None else kept]))
+    return open(path, "a")
+
+
+def log_step(line: str) -> int | None:
+    try:
+        step = json.loads(line)["step"]
+        return step if isinstance(step, int) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: OUT/ckpt is the latest, OUT/ckpt.old the one before. A new one is written to ckpt.tmp and
+# flushed to disk, the older one deleted, ckpt moved to ckpt.old, the new one renamed into place and the renames
+# flushed: a crash or power cut at any point leaves a complete checkpoint in ckpt or ckpt.old, and
+# recover_checkpoint() puts the latter back. This is the only place that makes a checkpoint durable (the bank's
+# files inside are plain).
+
+def save_checkpoint(run, out: str, step: int):
+    """Every rank calls it: each keeps its own unrewarded extractor generations, and with --fsdp each holds a
+    shard of the weights (saved with torch.distributed.checkpoint under dcp/, beside the HF export)."""
+    tmp, final, old = (os.path.join(out, name) for name in ("ckpt.tmp", "ckpt", "ckpt.old"))
+    if crl.rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    # every rank's generations, in rank order (the gather is also the barrier after rank 0 made tmp)
+    ranks = crl.gather_objects({"generations": [dataclasses.asdict(g) for g in run.generations.values()],
+                                "generations_made": run.generations_made})
+    parallel.save_sharded(run, os.path.join(tmp, "dcp"))
+    for name, model, tok in (("actor", run.actor, run.actor_tok), ("extractor", run.extractor, run.extractor_tok)):
+        if model is not None:
+            parallel.save_pretrained(model, os.path.join(tmp, name))
+            if crl.rank() == 0:
+                tok.save_pretrained(os.path.join(tmp, name))
+    if crl.rank() != 0:
+        return
+    if run.manager is not None:
+        run.manager.bank.save(os.path.join(tmp, "bank"))
+    sharded = parallel.is_sharded(run.actor)   # then the optimizers' state is in dcp/
+    state = {
+        "step": step,
+        "actor_opt": run.actor_opt.state_dict() if run.actor_opt and not sharded else None,
+        "extractor_opt": run.extractor_opt.state_dict() if run.extractor_opt and not sharded else None,
+        "ranks": ranks,
+    }
+    torch.save(state, os.path.join(tmp, "state.pt"))
+    fsync_tree(tmp)   # the other ranks' dcp shards too: dcp.save returned only once every rank had written
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync(out)        # both renames on disk
+
+
+def fsync_tree(top: str):
+    """fsync every file under `top`, then every directory bottom-up, so that once `top` is renamed into
+    place, a power cut cannot leave a name pointing at data that never reached the disk."""
+    for root, _, files in os.walk(top, topdown=False):
+        for name in files:
+            fsync(os.path.join(root, name))
+        fsync(root)
+
+
+def fsync(path: str):
+    """Flush a file's data, or a directory's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not os.path.isdir(path):
+            raise   # some filesystems cannot flush a directory: its renames are then as durable as they make them
+    finally:
+        os.close(fd)
+
+
+def recover_checkpoint(out: str):
+    """A save that crashed between its two renames left the previous checkpoint in ckpt.old: restore it."""
+    final, old = os.path.join(out, "ckpt"), os.path.join(out, "ckpt.old")
+    if not os.path.exists(final) and os.path.exists(os.path.join(old, "state.pt")):
+        os.replace(old, final)
+        fsync(out)
+
+
+def checkpoint_to_resume(args) -> str | None:
+    """--resume: the newest checkpoint in OUT that verifies. A damaged one is moved to ckpt.damaged (so the next
+    save cannot make it the fallback) and the one before it is used, with a message; none at all starts the run
+    from step 0 with its saved flags. Every rank decides alike: they read the same files."""
+    if not args.resume:
+        return None
+    final, old = os.path.join(args.out, "ckpt"), os.path.join(args.out, "ckpt.old")
+    if crl.rank() == 0:
+        recover_checkpoint(args.out)
+    crl.gather_objects(None)   # a barrier: every rank sees the recovered directory
+    if not os.path.exists(final):
+        say(f"--resume: no checkpoint in {args.out} yet: starting the run from step 0 with its saved flags")
+        return None
+    try:
+        verify(final)
+        return final
+    except Damaged as damaged:
+        if not os.path.exists(os.path.join(old, "state.pt")):
+            sys.exit(f"error: {damaged}; there is no earlier checkpoint to fall back on: start a new run, or "
+                     f"restore {final} from a backup")
+        try:
+            verify(old)
+        except Damaged as also:
+            sys.exit(f"error: {damaged}, and so is the checkpoint before it: {also}; start a new run")
+        say(f"warning: {damaged}; resuming from the checkpoint before it ({old}), the damaged one is kept in "
+            f"{final}.damaged")
+        crl.gather_objects(None)   # every rank has verified before rank 0 moves the directories
+        if crl.rank() == 0:
+            shutil.rmtree(final + ".damaged", ignore_errors=True)
+            os.replace(final, final + ".damaged")
+            os.replace(old, final)
+            fsync(args.out)
+        crl.gather_objects(None)
+        return final
+
+
+def say(message: str):
+    if crl.rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+
+
+def verify(ckpt: str):
+    """Read every file of a checkpoint back, raising Damaged naming the first that is not whole: the trainer
+    state, both models (their config, weights, finiteness, tokenizer), the bank and the sharded metadata."""
+    from bank import ExperienceBank
+    from model import Transformer, load_tokenizer
+    state = os.path.join(ckpt, "state.pt")
+    with reading(state):
+        torch.load(state, weights_only=True, mmap=True)
+    for name in ("actor", "extractor"):
+        path = os.path.join(ckpt, name)
+        if not os.path.isdir(path):
+            continue
+        with reading(os.path.join(path, "model.safetensors")):
+            model = Transformer.from_pretrained(path, dtype=torch.float32, device="cpu")
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            raise Damaged(os.path.join(path, "model.safetensors"), "non-finite weights")
+        with reading(path):
+            load_tokenizer(path)
+    if os.path.isdir(os.path.join(ckpt, "bank")):
+        with reading(os.path.join(ckpt, "bank")):
+            ExperienceBank.load(os.path.join(ckpt, "bank"))
+    metadata = os.path.join(ckpt, "dcp", ".metadata")
+    if os.path.exists(metadata):
+        with reading(metadata):
+            parallel.read_dcp_metadata(metadata)
+
+
+@contextlib.contextmanager
+def reading(path: str):
+    try:
+        yield
+    except Damaged:
+        raise
+    except Exception as err:   # whatever the reader raises for a cut or altered file, one line naming it
+        raise Damaged(path, str(err).splitlines()[0] if str(err) else type(err).__name__) from None
+
+
+def load_trainer_state(run, ckpt: str) -> int:
+    """Optimizers and the extractor's unrewarded generations from a checkpoint; returns the next step. A learning
+    rate given again with --resume replaces the restored one (AdamW keeps its own copy in its param groups)."""
+    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)
+    if run.actor_opt and state["actor_opt"]:
+        run.actor_opt.load_state_dict(state["actor_opt"])
+    if run.extractor_opt and state["extractor_opt"]:
+        run.extractor_opt.load_state_dict(state["extractor_opt"])
+    ranks = state.get("ranks") or [{"generations": state["generations"],      # a checkpoint from before
+                                    "generations_made": state["gen_counter"]}]  # per-rank generations
+    if len(ranks) != crl.world():
+        sys.exit(f"error: --resume: the checkpoint was written by {len(ranks)} ranks, this run has {crl.world()}; "
+                 f"resume with torchrun --nproc_per_node {len(ranks)}")
+    sharded = os.path.exists(os.path.join(ckpt, "dcp", ".metadata"))
+    if sharded != parallel.is_sharded(run.actor):
+        was = "with" if sharded else "without"
+        sys.exit(f"error: --resume: the run was trained {was} --fsdp; resume it {was} --fsdp (the optimizers' state "
+                 "is kept differently)")
+    mine = ranks[crl.rank()]   # each rank takes back its own unrewarded generations
+    run.generations = {g["id"]: crl.Generation(**g) for g in mine["generations"]}
+    run.generations_made = mine["generations_made"]
+    parallel.load_sharded(run, os.path.join(ckpt, "dcp"))
+    for name, opt, lr in (("--lr", run.actor_opt, run.cfg.lr), ("--extractor-lr", run.extractor_opt,
+                                                                 run.cfg.extractor_lr)):
+        for group in opt.param_groups if opt else ():
+            if not math.isclose(group["lr"], lr, rel_tol=1e-12):
+                say(f"--resume: {name} {lr:g} replaces the checkpoint's {group['lr']:g}")
+                group["lr"] = lr
+    return state["step"] + 1
+
+
+def drop_fallback(out: str):
+    """After the last checkpoint of a finished run: once it verifies, the one before it goes (disk space)."""
+    final, old = os.path.join(out, "ckpt"), os.path.join(out, "ckpt.old")
+    if crl.rank() == 0 and os.path.exists(old):
+        try:
+            verify(final)
+        except Damaged as damaged:
+            say(f"warning: {damaged}; the checkpoint before it stays in {old}")
+            return
+        shutil.rmtree(old, ignore_errors=True)
+
