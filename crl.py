@@ -94,6 +94,20 @@ def setting(default, help: str, **checks):
     return field(default=default, metadata={"help": help, **checks})
 
 
+def per_task(text: str | None, least: int) -> dict:
+    """A per-task setting: 'N', 'TASK=N,...' or both ('10,webshop=5') -> {task, or None for every other: N}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        task, eq, n = part.rpartition("=")
+        task = task.strip()
+        if (eq and not task) or (task and task not in envs.TASKS):
+            raise ValueError(f"unknown task {task!r} in {text!r}; tasks: {', '.join(envs.TASKS)}")
+        if not n.strip().isdigit() or int(n) < least:
+            raise ValueError(f"{part!r} in {text!r} is not N or TASK=N with a whole number N >= {least}")
+        out[task or None] = int(n)
+    return out
+
+
 @dataclass
 class CRLConfig:
     """The algorithm's settings, one line each (train.py makes each a flag; its presets override some)."""
@@ -126,9 +140,11 @@ class CRLConfig:
                                     "to the valid actions")
     max_asks: int = setting(2, "search_and_ask calls per free-text episode [release]", min=0)
     ask_lessons: int = setting(3, "lessons retrieved for the extractor to answer an ask", min=1)
-    history: int | None = setting(None, "turns kept in the actor's context (default none: the whole episode, "
-                                        "KV cache kept across turns)", min=0)
-    max_steps: int = setting(envs.MAX_STEPS, "actions per episode (the paper: 30)", min=1)
+    history: str | None = setting(None, "turns kept in the actor's context: none (the whole episode, KV cache kept "
+                                        "across turns), N for every task, or TASK=N,... (a task not named keeps the "
+                                        "whole episode)", per_task=0)
+    max_steps: str | None = setting(None, "actions per episode: none (each task's own [release]: 30, WebShop 10), N "
+                                          "for every task, or TASK=N,... (a task not named: its own)", per_task=1)
     max_reply_tokens: int = setting(512, "tokens per actor reply (a constrained reply gets at least its longest "
                                          "valid action)", min=1)
     max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
@@ -193,6 +209,18 @@ class CRLConfig:
     def __post_init__(self):
         if self.eval_temperature is None:
             self.eval_temperature = self.temperature
+        self.max_steps, self.history = (None if v is None else str(v) for v in (self.max_steps, self.history))
+        per_task(self.max_steps, 1), per_task(self.history, 0)   # a bad value fails here, not mid-run
+
+    def steps(self, task: str) -> int:
+        """Actions per episode of `task`."""
+        given = per_task(self.max_steps, 1)
+        return given.get(task, given.get(None, envs.task_steps(task)))
+
+    def window(self, task: str) -> int | None:
+        """Turns of `task` kept in the actor's context (None: the whole episode)."""
+        given = per_task(self.history, 0)
+        return given.get(task, given.get(None))
 
     @property
     def uses_bank(self):
@@ -233,7 +261,7 @@ class Run:
             workers = self.cfg.env_workers
             if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps: 138 s serial, 75 s in 2 workers
                 workers = cores_per_rank() if "alfworld" in self.tasks else 0
-            self.pool = EnvPool(self.cfg.show_map, self.cfg.max_steps, workers)
+            self.pool = EnvPool(self.cfg.show_map, self.cfg.steps, workers)
 
 # ---------------------------------------------------------------------------------------------------------
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
@@ -335,7 +363,8 @@ def rollout(run, specs: list[tuple], rng: torch.Generator, temperature: float, t
             ) -> list[Episode]:
     """Play every episode in `specs` ((task, seed, group, with_exp) tuples) to the end. All playing episodes
     advance together: one generate() call per turn over one KV-cache session, so a turn prefills only its
-    new observation tokens (with cfg.history set, a turn starts a fresh, shorter context instead)."""
+    new observation tokens (with a window of turns for its task, cfg.history, a turn starts a fresh, shorter
+    context)."""
     batch = EpisodeBatch(run, specs, train, rng, temperature)
     while batch.playing:
         samples = batch.generate(rng, temperature)   # 1. one batched generate call
@@ -472,22 +501,23 @@ class EpisodeBatch:
 
     def queue_next_turns(self):
         """Each unfinished episode's next observation joins its feed (the whole conversation so far stays
-        in the KV cache), or, with cfg.history, a fresh window of the last turns replaces the context."""
+        in the KV cache), or, with a window for its task (cfg.history), the last turns replace the context."""
         cfg, still = self.cfg, []
         for i in self.playing:
             e = self.eps[i]
             if self.done[i]:
                 self.session.release([i])
                 continue
-            if cfg.history is None:
+            window = cfg.window(e.task)
+            if window is None:
                 self.feed[i] += next_turn_tokens(self.tok, self.obs[i])
             else:
                 self.session.release([i])
                 self.feed[i] = encode_chat(self.tok, window_messages(self.systems[i], self.history[i], self.obs[i],
-                                                                     cfg.history))
+                                                                     window))
             if not self.keep_if_room(i):
                 continue
-            if cfg.history is not None:
+            if window is not None:
                 e.segments.append(Segment())   # only now: a truncated episode leaves no empty segment
             e.segments[-1].extend(self.feed[i])
             still.append(i)
@@ -1260,16 +1290,16 @@ class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
     ALFWorld games and WebShop goals from their held-out splits (envs.HELD_OUT), training from train."""
 
-    def __init__(self, show_map: bool = True, max_steps: int = envs.MAX_STEPS, workers: int = 0):
+    def __init__(self, show_map: bool = True, steps=envs.task_steps, workers: int = 0):
         self.free: dict[tuple, list] = {}
-        self.show_map, self.max_steps = show_map, max_steps
+        self.show_map, self.steps = show_map, steps   # steps(task): its actions per episode
         self.workers = envs.GameWorkers(workers) if workers else None
 
     def take(self, task, train=True):
         key = (task, train)
         if self.free.get(key):
             return self.free[key].pop()
-        kw = dict(max_steps=self.max_steps)
+        kw = dict(max_steps=self.steps(task))
         if task in envs.HELD_OUT:
             kw["split"] = "train" if train else envs.HELD_OUT[task]
         if task in envs.MINIHACK:

@@ -46,6 +46,13 @@ from webshop import webshop_reward, webshop_search  # noqa: F401  (the pure func
 
 TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop", "vault")
 MAX_STEPS = 30  # the paper's per-episode action limit for MiniHack, Sokoban and ALFWorld (WebShop: 10)
+TASK_STEPS = {"webshop": 10}   # the tasks whose own budget is not MAX_STEPS [release]
+
+
+def task_steps(task: str) -> int:
+    """A task's own actions per episode."""
+    return TASK_STEPS.get(task, MAX_STEPS)
+
 DATA = Path(__file__).resolve().parent / "data"
 HELD_OUT = {"alfworld": "valid_unseen", "webshop": "test"}  # the split evaluation plays (training: "train")
 

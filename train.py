@@ -86,7 +86,7 @@ class RunConfig:
 TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, warmup=2, free_text=False, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
             extractor_batch=32, micro_batch=16, eval_every=30, iters=270, instructions=False, show_map=False,
-            max_steps=10, judge="none")   # a model trained from scratch never learns to judge: no verdict is trained
+            max_steps="room=10,maze=10", judge="none")   # a model trained from scratch never learns to judge: no verdict is trained
 TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 # SMOLLM2 (--actor smollm2, the 135M instruct model), each value measured on a 2-core CPU (results/smollm2/): the
 # lesson as a tip opening the first user turn, without the task text (followed 0.51 of the time against 0.18 at
@@ -97,7 +97,7 @@ TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 # accepts 0.02-0.04 of lessons, right or wrong alike (differences -0.003, +0.001), and free text never parses as a
 # verdict (0 of 512), so either way it would drop nearly every lesson.
 SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, warmup=2, free_text=False, lesson_turn=True,
-               instructions=False, show_map=False, max_steps=10, max_context=4096, micro_batch=8, eval_every=10,
+               instructions=False, show_map=False, max_steps="room=10,maze=10,vault=10", max_context=4096, micro_batch=8, eval_every=10,
                eval_episodes=32, eval_batch=64, iters=60, dtype="bfloat16", judge="none")
 # --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are
 # constrained, a lesson is one move word (which the actor above follows), and it must write one (a NONE is never
@@ -174,6 +174,11 @@ def check(p, args):
             continue
         if isinstance(v, float) and not math.isfinite(v):
             p.error(f"{flag} must be a finite number (got {v})")
+        if "per_task" in m:
+            try:
+                crl.per_task(str(v), m["per_task"])
+            except ValueError as err:
+                p.error(f"{flag}: {err}")
         if "choices" in m and v not in m["choices"]:
             p.error(f"{flag} must be one of {', '.join(m['choices'])} (got {v!r})")
         if ("min" in m and v < m["min"]) or ("above" in m and v <= m["above"]) or ("max" in m and v > m["max"]):
@@ -319,9 +324,12 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
     them, over observations of random play. It teaches no task skill: the lesson is random, so the target
     is unrelated to the game; half the prompts carry no lesson and a random move as the target, which keeps
     the lesson-free policy near uniform (the init RL explores from)."""
-    rng, pool = random.Random(seed), crl.EnvPool(cfg.show_map, cfg.max_steps)
+    rng, pool = random.Random(seed), crl.EnvPool(cfg.show_map, cfg.steps)
     games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example
-    examples = [lesson_example(tok, cfg, games[rng.choice(tasks)], rng) for _ in range(batch * 32)]
+    examples = []
+    for _ in range(batch * 32):
+        task = rng.choice(tasks)
+        examples.append(lesson_example(tok, cfg, games[task], task, rng))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     for _ in tqdm(range(steps), desc="lesson prior", unit="step", disable=crl.rank() != 0):
         tokens, mask, _ = crl.pad_segments(rng.sample(examples, batch), "cpu")
@@ -332,11 +340,11 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         opt.step()
 
 
-def lesson_example(tok, cfg: crl.CRLConfig, env, rng: random.Random) -> crl.Segment:
+def lesson_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) -> crl.Segment:
     """An observation after a few random moves and, half the time, a random lesson in the system prompt with
     its first move as the reply (the trained tokens); else no lesson and a random move."""
     obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
-    for _ in range(rng.randrange(cfg.max_steps)):
+    for _ in range(rng.randrange(cfg.steps(task))):
         obs, _, done, _ = env.step(rng.choice(env.actions))
         if done:
             obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))

@@ -24,7 +24,7 @@ import envs
 import train
 from probes import ONE_MOVE
 
-STEPS = train.TINY["max_steps"]
+STEPS = crl.CRLConfig(max_steps=train.TINY["max_steps"]).steps("room")
 
 
 def stepper_move(obs: str, rng: random.Random, actions) -> str:

@@ -26,7 +26,7 @@ from probes import ONE_MOVE, policy
 
 def room_cases(cfg, starts: int, rng: random.Random) -> list[tuple]:
     """(instruction, first view, right lesson, wrong lesson) for held-out room starts with the stairs in reach."""
-    env, cases, seed = envs.make("room", show_map=False, max_steps=cfg.max_steps), [], crl.EVAL_SEED0
+    env, cases, seed = envs.make("room", show_map=False, max_steps=cfg.steps("room")), [], crl.EVAL_SEED0
     while len(cases) < starts:
         obs, seed = env.reset(seed=seed), seed + 1
         near = ONE_MOVE.search(obs)

@@ -29,7 +29,8 @@ def prompt_tokens(tok, cfg, env, history: list, obs: str, lesson: list[str]) -> 
         history = [(opened, history[0][1])] + history[1:]
     else:
         obs = opened
-    h = len(history) if cfg.history is None else cfg.history
+    window = cfg.window(env.task)
+    h = len(history) if window is None else window
     return crl.encode_chat(tok, crl.window_messages(system, history, obs, h))
 
 
@@ -45,7 +46,7 @@ def main(argv=None):
     spec = os.path.join(mine.run, "ckpt", "actor") if mine.run else args.actor
     model, tok = Transformer.from_pretrained(spec, dtype=torch.float32).eval(), load_tokenizer(spec)
     task = mine.task or (args.tasks[0] if mine.run else "room")
-    env = envs.make(task, show_map=cfg.show_map, max_steps=cfg.max_steps)
+    env = envs.make(task, show_map=cfg.show_map, max_steps=cfg.steps(task))
     rng, base, follow = random.Random(0), [], {a: [] for a in env.actions}
     for i in range(mine.starts):
         obs, history = env.reset(seed=crl.EVAL_SEED0 + i), []

@@ -39,7 +39,7 @@ def play(env, q: float, walk, toward: bool = False, stream: int = 1, starts: int
 
 
 def main(starts: int = 256):
-    env = envs.make("room", max_steps=train.TINY["max_steps"], show_map=False)
+    env = envs.make("room", max_steps=crl.CRLConfig(max_steps=train.TINY["max_steps"]).steps("room"), show_map=False)
     moves = env.actions
     walks = {"uniform": lambda rng, last: rng.choice(moves),
              "diagonal": lambda rng, last: rng.choice([m for m in moves if len(m) > 5])}

@@ -209,7 +209,7 @@ def test_every_setting_is_a_documented_flag():
 @pytest.mark.parametrize("argv, message", [
     (["--iters", "-5"], "--iters must be >= 1"), (["--groups", "0"], "--groups must be >= 1"),
     (["--group-size", "3"], "--group-size must be an even number"), (["--top-p", "0"], "--top-p must be > 0"),
-    (["--history", "-1"], "--history must be >= 0"), (["--groups", "x"], "invalid int value"),
+    (["--history", "-1"], "--history: '-1' in '-1' is not N or TASK=N"), (["--groups", "x"], "invalid int value"),
     (["--mode", "ppo"], "--mode must be one of crl"), (["--eval-every", "-1"], "--eval-every must be >= 0"),
     (["--device", "nope"], "is not a device"), (["--loss-agg", "sum"], "--loss-agg must be one of"),
     (["--save-every", "0"], "--save-every must be >= 1"), (["--micro-batch", "0"], "--micro-batch must be >= 1")])
@@ -533,3 +533,35 @@ def test_ddp_updates_equal_one_process_on_the_same_episodes(tmp_path):
         assert any(not torch.equal(v, c0["before"][0][k]) for k, v in model.state_dict().items())
         stepped.append(c0["update"])
     assert "actor_update" in stepped and "extractor_update" in stepped, stepped
+
+
+def test_each_task_plays_its_own_action_budget(tmp_path, monkeypatch):
+    """A mixed-task run gives each task its own budget: the release's (30, WebShop 10) unless a preset or
+    --max-steps names the task; --history likewise per task."""
+    cfg = crl.CRLConfig()
+    assert [cfg.steps(t) for t in ("room", "sokoban", "alfworld", "webshop")] == [30, 30, 30, 10]
+    cfg = crl.CRLConfig(max_steps="7,webshop=3", history="alfworld=2")
+    assert [cfg.steps(t) for t in ("room", "webshop")] == [7, 3]
+    assert [cfg.window(t) for t in ("room", "alfworld")] == [None, 2]
+    assert train.config_from(train.parse_args([])).steps("sokoban") == 30            # not in the tiny preset
+    assert train.config_from(train.parse_args([])).steps("room") == 10
+    turns = {}
+    real = crl.rollout
+
+    def spy(run, specs, rng, temperature, train=True):
+        eps = real(run, specs, rng, temperature, train)
+        for e in eps:
+            turns.setdefault(e.task, []).append((e.turns, len(e.segments)))
+        return eps
+    monkeypatch.setattr(crl, "rollout", spy)
+    train.main(["--tasks", "room,maze", *FAST, "--max-steps", "room=2,maze=5", "--history", "room=1",
+                "--iters", "2", "--eval-every", "0", "--out", str(tmp_path / "mixed")])
+    assert max(turns["room"])[0] == 2 and max(turns["maze"])[0] == 5   # an untrained actor plays to the limit
+    assert all(n == t for t, n in turns["room"]) and all(n == 1 for _, n in turns["maze"])  # room: a window a turn
+
+
+@pytest.mark.parametrize("value", ["room=0", "nethack=3", "room=x", "3,,=4"])
+def test_bad_per_task_values_are_one_line_errors(capsys, value):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--max-steps", value])
+    assert "--max-steps" in capsys.readouterr().err.strip().splitlines()[-1]
