@@ -14,7 +14,7 @@ import train
 from bank import ExperienceBank
 from model import Transformer, load_tokenizer
 from probes import (ONE_MOVE, actor_policy, bank_value, judge, lesson_follow, lessons, memoryless, policy, pool_lessons,
-                    vault_controls, vault_lessons)
+                    vault_controls, vault_forms, vault_lessons)
 from test_train import FAST
 
 
@@ -152,3 +152,20 @@ def test_door_shares_by_hand():
     ops = [Operation("add", "vault", doors[0][-1], origin=eps[0].seed), Operation("add", "vault", doors[1][1],
            origin=eps[1].seed), Operation("add", "vault", untried, origin=eps[2].seed)]
     assert vault_controls.door_shares(eps, ops) == (0.25, 0.5)
+
+
+def test_vault_forms_masses_are_a_distribution(capsys):
+    """Over the eight doors the constrained lesson policy sums to one in every form, split between any set of
+    doors and the rest; the probe prints one line a form."""
+    args = train.parse_args(["--tasks", "vault", "--mode", "static"])
+    run, _ = train.build(args, torch.device("cpu"), torch.float32)
+    e = vault_controls.scripted_episode(crl.EVAL_SEED0, True)
+    for form in ("crl", "ending", "moves"):
+        tried = vault_forms.moves(e)
+        rest = [d for d in envs.Vault.actions if d not in tried]
+        assert vault_forms.door_mass(run, e, form, tried) + vault_forms.door_mass(run, e, form, rest) == \
+            pytest.approx(1.0, abs=1e-5)
+        assert 0 < vault_forms.door_mass(run, e, form, tried[-1:]) < vault_forms.door_mass(run, e, form, tried)
+    run.manager.close()
+    vault_forms.main(["--instances", "1"])
+    assert len([line for line in capsys.readouterr().out.splitlines() if "form, 1 vaults" in line]) == 3
