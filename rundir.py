@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 
 import torch
 
@@ -123,7 +124,7 @@ def open_run_dir(args) -> Lock | None:
     """Rank 0 locks OUT; a new run must not overwrite another (one holds OUT/args.json); --resume continues one.
     Nothing else is written here: args.json follows once the models have loaded (`save_flags`)."""
     if args.out is None:
-        stamp = crl.gather_objects(__import__("time").strftime("%Y%m%d-%H%M%S"))[0]
+        stamp = crl.gather_objects(time.strftime("%Y%m%d-%H%M%S"))[0]
         args.out = os.path.join("runs", f"{'+'.join(args.tasks)}-{args.mode}-{stamp}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         sys.exit(f"error: --out {args.out} is a file; choose a directory")
