@@ -177,6 +177,8 @@ class CRLConfig:
     bank: BankConfig = setting(BankConfig(), "the experience bank")
     # how the work is batched (no effect on what is learned beyond float rounding)
     micro_batch: int = setting(4, "sequences per forward/backward", min=1)
+    micro_tokens: int | None = setting(None, "padded tokens per forward/backward, at most (default none: only "
+                                             "--micro-batch bounds it): long episodes then go fewer at a time", min=1)
     env_workers: int | None = setting(None, "processes per rank that play the games side by side; the same seeds "
                                             "give the same episodes for any number (default: one per core for "
                                             "alfworld, whose resets take seconds; else 0, in the trainer's process)",
@@ -1222,11 +1224,10 @@ def backward_micro_batches(run, model, segments: list[Segment], advantages: list
     Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
     cfg, (lo, hi) = run.cfg, clip_range
     sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
-    order = sorted(range(len(segments)), key=lambda j: len(segments[j].tokens))
+    batches = micro_batches([len(s.tokens) for s in segments], cfg.micro_batch, cfg.micro_tokens)
     device = next(model.parameters()).device
-    parallel.match_microbatches(model, math.ceil(len(order) / cfg.micro_batch))
-    for start in range(0, len(order), cfg.micro_batch):
-        idx = order[start:start + cfg.micro_batch]
+    parallel.match_microbatches(model, len(batches))
+    for idx in batches:
         batch = [segments[j] for j in idx]
         tokens, mask, old = pad_segments(batch, device)
         adv = torch.tensor([advantages[j] for j in idx], device=device)
@@ -1243,6 +1244,17 @@ def backward_micro_batches(run, model, segments: list[Segment], advantages: list
             sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
             sums["tokens"] += ratio.numel()
     return sums
+
+
+def micro_batches(lengths: list[int], size: int, tokens: int | None) -> list[list[int]]:
+    """Indices in micro-batches of similar lengths (shortest first): at most `size` sequences, and at most
+    `tokens` once padded to the longest (a longer sequence goes alone)."""
+    out = []
+    for j in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        if not out or len(out[-1]) == size or (tokens and len(out[-1]) * lengths[j] > tokens):
+            out.append([])
+        out[-1].append(j)
+    return out
 
 
 def clip_and_step(run, model, opt, loss: float) -> dict:

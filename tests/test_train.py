@@ -565,3 +565,25 @@ def test_bad_per_task_values_are_one_line_errors(capsys, value):
     with pytest.raises(SystemExit):
         train.parse_args(["--max-steps", value])
     assert "--max-steps" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_micro_batches_bound_sequences_and_padded_tokens():
+    lengths = [30, 10, 20, 25, 5, 40]                 # sorted: 5, 10, 20, 25, 30, 40 (indices 4, 1, 2, 3, 0, 5)
+    assert crl.micro_batches(lengths, 4, None) == [[4, 1, 2, 3], [0, 5]]
+    assert crl.micro_batches(lengths, 4, 60) == [[4, 1, 2], [3, 0], [5]]   # 3 x 20 = 60; 2 x 30; 40 alone
+    assert crl.micro_batches([20] * 4, 4, 60) == [[0, 1, 2], [3]]          # a fourth would pad to 80
+    assert crl.micro_batches([100], 4, 50) == [[0]]                        # longer than the budget: alone
+
+
+def test_a_token_budget_leaves_the_update_unchanged():
+    """The update is a sum over micro-batches of losses with global denominators: how the batch is cut
+    changes nothing but float rounding."""
+    def update(**cfg):
+        model = Transformer.tiny(seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        segs, advs = fixed_segments(model)
+        crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(**cfg)), model, opt, segs, advs, *bound_loss("grpo"), 1.0)
+        return model.state_dict()
+    a, b = update(micro_batch=6), update(micro_batch=6, micro_tokens=40)   # lengths 10-25: batches of 1-4
+    assert any(not torch.equal(a[k], Transformer.tiny(seed=0).state_dict()[k]) for k in a)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
