@@ -561,7 +561,7 @@ class Embedder:
     def __init__(self, path: str | None = None, device="cpu", batch_size: int = 64, max_length: int | None = None,
                  dtype: torch.dtype | None = None, memo_size: int = 4096):
         if path is not None:
-            from model import checkpoint_dir   # a packaged name ("smollm2") -> its converted directory
+            from hf import checkpoint_dir   # a packaged name ("smollm2") -> its converted directory
             path = checkpoint_dir(path)
         self.path = default_embedder_path() if path is None else Path(path)
         if not (self.path / "config.json").is_file():
@@ -603,9 +603,10 @@ class Embedder:
 
     def _init_decoder(self, max_length):
         try:
-            from model import Transformer, load_tokenizer
+            from hf import load_tokenizer
+            from model import Transformer
         except ImportError as e:
-            raise ValueError(f"{self.path} is a decoder checkpoint, which needs model.py ({e})") from None
+            raise ValueError(f"{self.path} is a decoder checkpoint, which needs model.py and hf.py ({e})") from None
         self.model = Transformer.from_pretrained(str(self.path), dtype=self.dtype, device=self.device).eval()
         if not hasattr(self.model, "hidden_states"):
             raise ValueError("model.Transformer has no hidden_states(input_ids); the decoder embedder needs it")

@@ -158,7 +158,8 @@ def bench_generate(a):
 
     # constrained replies (the tiny actor's move words in bytes): jump-forward feeds forced bytes in chunks;
     # transformers' prefix_allowed_tokens_fn walks the same trie one sampled token at a time
-    from model import ByteTokenizer, Constraint
+    from hf import ByteTokenizer
+    from model import Constraint
     moves = ["north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest"]
     eos = V - 1
     c = Constraint([list(ByteTokenizer().encode(m)) + [eos] for m in moves])

@@ -3,10 +3,10 @@ an experience extractor trained with CISPO on the measured utility of the lesson
 
 Read top to bottom, as the paper goes: the settings and the run state, the actor's prompts and `rollout`, the
 actor's objective, the extractor, one iteration (`train_step`) and `evaluate`. The machinery (policy updates in
-micro-batches, the chat-template trick, the environment pool, the small models' grammars, metrics, random
+micro-batches, the chat template, the environment pool, the small models' grammars, metrics, random
 streams and collectives) sits together at the bottom. model.py supplies the decoder and the batched KV-cache
-generator, envs.py the games, bank.py the shared experience bank; train.py builds a `Run` and calls
-`train_step` / `evaluate` in a loop, under torchrun for DDP.
+generator, hf.py the tokenizers and the chat template's turn tokens, envs.py the games, bank.py the shared
+experience bank; train.py builds a `Run` and calls `train_step` / `evaluate` in a loop, under torchrun for DDP.
 
 The paper (Muhtar et al., arXiv 2603.17621), piece by piece; METHOD.md sets each point beside the authors'
 release (github pUmpKin-Co/ComplementaryRL at ab2574f), which crl follows where the paper is silent:
@@ -58,7 +58,6 @@ import os
 import re
 import time
 import warnings
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +67,7 @@ import torch.distributed as dist
 import envs
 import parallel
 from bank import BankConfig, Operation
+from hf import next_turn_tokens
 from model import Constraint, Session, generate, token_logprobs
 
 
@@ -1269,31 +1269,12 @@ def clip_and_step(run, model, opt, loss: float) -> dict:
     return {"grad_norm": float(grad_norm)}
 
 # ---------------------------------------------------------------------------------------------------------
-# Chat templates: a conversation extended turn by turn without re-tokenising it
+# Chat templates: a conversation rendered once; hf.next_turn_tokens extends it turn by turn without
+# re-tokenising it
 
 def encode_chat(tok, messages: list[dict], generation_prompt: bool = True) -> list[int]:
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     return tok.encode(text, add_special_tokens=False)
-
-
-_TURN_CACHE = weakref.WeakKeyDictionary()   # tokenizer -> (text between reply and user turn, text after it)
-
-
-def next_turn_tokens(tok, text: str) -> list[int]:
-    """Tokens that follow an assistant reply (which ended with the eos token) to add a user turn and open
-    the next assistant turn. Found by rendering the chat template around placeholders, so it works for any
-    ChatML/Llama-style template without re-rendering (and re-tokenising) the whole conversation."""
-    if tok not in _TURN_CACHE:
-        msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                {"role": "assistant", "content": "\x02"}, {"role": "user", "content": "\x01"}]
-        rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        between, after = rendered[rendered.index("\x02") + 1:].split("\x01")
-        eos = tok.decode([tok.eos_token_id])
-        if between.startswith(eos):  # the reply's own eos token is already in the sequence
-            between = between[len(eos):]
-        _TURN_CACHE[tok] = (between, after)
-    between, after = _TURN_CACHE[tok]
-    return tok.encode(between + text + after, add_special_tokens=False)
 
 # ---------------------------------------------------------------------------------------------------------
 # Environments, reused across iterations

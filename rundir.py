@@ -301,7 +301,8 @@ def verify(ckpt: str):
     """Read every file of a checkpoint back, raising Damaged naming the first that is not whole: the trainer
     state, both models (their config, weights, finiteness, tokenizer), the bank and the sharded metadata."""
     from bank import ExperienceBank
-    from model import Transformer, load_tokenizer
+    from hf import load_tokenizer
+    from model import Transformer
     state = os.path.join(ckpt, "state.pt")
     with reading(state):
         torch.load(state, weights_only=True, mmap=True)

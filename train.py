@@ -34,7 +34,8 @@ import parallel
 import rundir
 from bank import Embedder, ExperienceBank, ExperienceManager
 from crl import setting
-from model import PACKAGED, Transformer, checkpoint_dir, load_tokenizer
+from hf import PACKAGED, checkpoint_dir, load_tokenizer
+from model import Transformer
 
 
 @dataclass

@@ -17,7 +17,8 @@ import torch
 import crl
 import envs
 import train
-from model import Transformer, load_tokenizer
+from hf import load_tokenizer
+from model import Transformer
 from probes import policy
 
 

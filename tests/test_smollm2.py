@@ -85,7 +85,7 @@ def test_a_killed_conversion_leaves_no_checkpoint(tmp_path, monkeypatch):
         open(os.path.join(out, "config.json"), "w").write("{}")
         raise KeyboardInterrupt   # as a Ctrl-C half way through
 
-    monkeypatch.setattr(model, "convert_gguf", dies_half_way)
+    monkeypatch.setattr("hf.convert_gguf", dies_half_way)   # checkpoint_dir calls hf.convert_gguf
     with pytest.raises(KeyboardInterrupt):
         model.checkpoint_dir("smollm2")
     assert os.listdir(tmp_path) == []   # neither the target nor the half-written folder
