@@ -1251,7 +1251,7 @@ def micro_batches(lengths: list[int], size: int, tokens: int | None) -> list[lis
     `tokens` once padded to the longest (a longer sequence goes alone)."""
     out = []
     for j in sorted(range(len(lengths)), key=lambda j: lengths[j]):
-        if not out or len(out[-1]) == size or (tokens and len(out[-1]) * lengths[j] > tokens):
+        if not out or len(out[-1]) == size or (tokens and (len(out[-1]) + 1) * lengths[j] > tokens):
             out.append([])
         out[-1].append(j)
     return out
