@@ -296,9 +296,6 @@ def test_reproduce_resumes_a_cell_left_in_ckpt_old(run_dir, monkeypatch):
 
 
 # the fault script ----------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=False, reason="a found defect, open: after several kills inside the same iteration's "
-                   "save the re-run iteration's extractor update differs from the uninterrupted run's in the last "
-                   "bits (extractor/loss 0.20265499 against 0.20265502; weights by 3e-6); one resume is exact")
 def test_killed_at_random_moments_resumes_to_the_uninterrupted_run(tmp_path):
     """The fault script: a run killed (SIGKILL) at random moments, most while it writes a checkpoint (one every
     iteration) and some anywhere, and resumed each time, logs each step once and ends with the uninterrupted
