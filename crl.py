@@ -212,17 +212,16 @@ class CRLConfig:
         if self.eval_temperature is None:
             self.eval_temperature = self.temperature
         self.max_steps, self.history = (None if v is None else str(v) for v in (self.max_steps, self.history))
-        per_task(self.max_steps, 1), per_task(self.history, 0)   # a bad value fails here, not mid-run
+        # parsed once (a bad value fails here, not mid-run); window() is read every turn of every episode
+        self._steps, self._windows = per_task(self.max_steps, 1), per_task(self.history, 0)
 
     def steps(self, task: str) -> int:
         """Actions per episode of `task`."""
-        given = per_task(self.max_steps, 1)
-        return given.get(task, given.get(None, envs.task_steps(task)))
+        return self._steps.get(task, self._steps.get(None, envs.task_steps(task)))
 
     def window(self, task: str) -> int | None:
         """Turns of `task` kept in the actor's context (None: the whole episode)."""
-        given = per_task(self.history, 0)
-        return given.get(task, given.get(None))
+        return self._windows.get(task, self._windows.get(None))
 
     @property
     def uses_bank(self):

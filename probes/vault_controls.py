@@ -80,11 +80,16 @@ def scripted_episode(seed: int, won: bool) -> crl.Episode:
     return e
 
 
+def moves(e: crl.Episode) -> list[str]:
+    """The doors an episode tried, in order."""
+    return [text for who, text in e.transcript if who == "agent"]
+
+
 def door_shares(eps: list[crl.Episode], ops: list) -> tuple[float, float]:
     """Of the episodes, the shares whose lesson (the operation distilled from it) is the last door tried (the
     one that opened, in a won episode), and is any door tried."""
     by_seed = {op.origin: op.text.strip().lower() for op in ops}
-    tried = [[t for who, t in e.transcript if who == "agent"] for e in eps]
+    tried = [moves(e) for e in eps]
     last = sum(by_seed.get(e.seed) == doors[-1] for e, doors in zip(eps, tried)) / len(eps)
     return last, sum(by_seed.get(e.seed) in doors for e, doors in zip(eps, tried)) / len(eps)
 

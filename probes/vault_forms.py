@@ -16,11 +16,7 @@ import crl
 import envs
 import train
 from probes import policy
-from probes.vault_controls import scripted_episode
-
-
-def moves(e: crl.Episode) -> list[str]:
-    return [text for who, text in e.transcript if who == "agent"]
+from probes.vault_controls import moves, scripted_episode
 
 
 def outcome(e: crl.Episode) -> str:
