@@ -159,11 +159,11 @@ def bench_generate(a):
     # constrained replies (the tiny actor's move words in bytes): jump-forward feeds forced bytes in chunks;
     # transformers' prefix_allowed_tokens_fn walks the same trie one sampled token at a time
     from hf import ByteTokenizer
-    from model import Constraint
+    from small.grammar import Constraint
     moves = ["north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest"]
     eos = V - 1
     c = Constraint([list(ByteTokenizer().encode(m)) + [eos] for m in moves])
-    trie = c.trie()
+    trie = c.trie
     short = prompts[:, :64]  # an actor turn's prompt is short: the reply's decode steps dominate
 
     def allowed_hf(b, ids):
@@ -424,8 +424,8 @@ def bench_env(a):
 def _env_phase(task, workers, episodes, steps):
     """Seconds to reset `episodes` games and step them `steps` times with seeded random valid actions, all at
     once as a rollout does (games made beforehand, not timed). An episode that ends is not stepped again."""
-    import crl
-    pool = crl.EnvPool(workers=workers)
+    import envs
+    pool = envs.EnvPool(workers=workers)
     games = [pool.take(task) for _ in range(episodes)]
     _, reset = _timed(lambda: pool.reset_all(games, list(range(episodes))))
     rng, playing, spent = random.Random(0), games, 0.0

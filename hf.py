@@ -417,3 +417,10 @@ def next_turn_tokens(tok, text: str) -> list[int]:
         _TURN_CACHE[tok] = (between, after)
     between, after = _TURN_CACHE[tok]
     return tok.encode(between + text + after, add_special_tokens=False)
+
+
+def encode_chat(tok, messages: list[dict], generation_prompt: bool = True) -> list[int]:
+    """A conversation rendered once by the chat template; next_turn_tokens extends it turn by turn without
+    re-tokenising it."""
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return tok.encode(text, add_special_tokens=False)

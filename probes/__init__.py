@@ -21,6 +21,7 @@ import re
 import torch
 
 import crl
+import parallel
 from model import token_logprobs
 
 ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)   # the stairs one move away, in the words view
@@ -30,7 +31,7 @@ def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
     """The constrained policy over `actions` after the prompt tokens, exactly: each reply token is scored by
     model.token_logprobs among the tokens the actions allow after its prefix (what `generate` samples from)."""
     replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
-    tokens, mask, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
+    tokens, mask, _ = parallel.pad_segments([segment(prompt, r) for r in replies], "cpu")
     allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
                 for j in range(len(reply))} for reply in replies]
     with torch.no_grad():

@@ -11,9 +11,7 @@ top-1 retrieved lesson with probability FOLLOW. The same per-start random stream
 arms differ only where the lesson is followed.  Run: python -m probes.bank_value [TRAIN_STARTS] [EVAL_STARTS]
 """
 import collections
-import os
 import random
-import re
 import sys
 
 import torch
@@ -21,10 +19,10 @@ import torch
 import bank
 import crl
 import envs
-import train
+from small import presets
 from probes import ONE_MOVE
 
-STEPS = crl.CRLConfig(max_steps=train.TINY["max_steps"]).steps("room")
+STEPS = crl.CRLConfig(max_steps=presets.TINY["max_steps"]).steps("room")
 
 
 def stepper_move(obs: str, rng: random.Random, actions) -> str:

@@ -46,8 +46,8 @@ else:
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     mine = list(range(rank, len(segs), dist.get_world_size()))
-    crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), model, opt,
-                      [segs[i] for i in mine], [advs[i] for i in mine], *bound_loss(sys.argv[3]), 1.0)
+    crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), crl.Update(model, opt, *bound_loss(sys.argv[3])),
+                      [segs[i] for i in mine], [advs[i] for i in mine])
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(sys.argv[2], "update.pt"))
     dist.barrier()  # tear down together: a rank leaving while the other still saves once aborted in gloo

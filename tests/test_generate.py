@@ -8,7 +8,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from model import ByteTokenizer, Constraint, Session, Transformer, generate, token_logprobs
+from model import ByteTokenizer, Session, Transformer, generate, token_logprobs
+from small.grammar import Constraint
 
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()

@@ -17,7 +17,8 @@ from transformers.utils import logging as hf_logging
 
 import bench
 from kernels._triton import InterpretedFunction, triton
-from model import ByteTokenizer, Constraint, Transformer, generate, token_logprobs
+from model import ByteTokenizer, Transformer, generate, token_logprobs
+from small.grammar import Constraint
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or triton is None, reason="needs a CUDA GPU and Triton")
 hf_logging.set_verbosity_error()

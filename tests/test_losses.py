@@ -118,7 +118,7 @@ def test_the_run_splits_advantages_by_experience(monkeypatch, split):
     experience. Split, each half is centred on its own mean; --no-split, the whole group on one mean."""
     from types import SimpleNamespace
     seen = {}
-    monkeypatch.setattr(crl, "policy_update", lambda run, model, opt, segments, adv, *a: seen.setdefault("adv", adv)
+    monkeypatch.setattr(crl, "policy_update", lambda run, upd, segments, adv: seen.setdefault("adv", adv)
                         and {})
     rewards = [1, 0, 1, 1, 0, 0, 1, 0]
     eps = [crl.Episode("room", 0, i // 4, i % 4 >= 2, reward=r, segments=[crl.Segment()])

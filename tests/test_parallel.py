@@ -23,7 +23,7 @@ def adamw_delta(model, lr=1e-6) -> torch.Tensor:
     segs, advs = fixed_segments(Transformer.tiny(seed=0))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
-    crl.policy_update(holder, model, opt, segs, advs, *bound_loss("grpo"), 1.0)
+    crl.policy_update(holder, crl.Update(model, opt, *bound_loss("grpo")), segs, advs)
     return torch.cat([p.detach().float().flatten() for p in model.parameters()]) - before
 
 

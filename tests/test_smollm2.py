@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import crl
+import envs
 import model
 import train
 from model import Transformer, generate, load_tokenizer
@@ -109,7 +110,7 @@ def test_one_training_iteration_as_actor_and_extractor(tmp_path):
                       "--eval-every", "0", "--extractor-batch", "2", "--dtype", "bfloat16"])
     row = read_metrics(out)[-1]
     assert 1 <= row["turns"] <= 2 and "actor/loss" in row
-    moves = set(crl.EnvPool().take("room").actions)
+    moves = set(envs.EnvPool().take("room").actions)
     lessons = [e.text for e in run.manager.bank.entries("room")]
     assert lessons and set(lessons) <= moves   # --lesson-moves 1: every lesson is one move word
     assert run.cfg.lesson_turn and not run.cfg.free_text   # the SMOLLM2 preset applied

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import crl
+import parallel
 import rundir
 import train
 from model import Transformer, token_logprobs
+from small import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
@@ -195,7 +197,7 @@ def test_every_setting_is_a_documented_flag():
     assert "bank_use_penalty" in fields and "clip" in fields and "retrieve_k" in fields
     assert sorted(seen) == sorted(fields) and all(a.help for a in seen.values())
     tiny = train.parse_args([])
-    assert tiny.groups == train.TINY["groups"] and tiny.show_map is False and tiny.history == 0
+    assert tiny.groups == presets.TINY["groups"] and tiny.show_map is False and tiny.history == 0
     assert tiny.clip == crl.CRLConfig.clip and tiny.extractor_free_text is False
     explicit = train.parse_args(["--groups", "3", "--map", "--history", "none", "--bank-use-penalty", "0"])
     assert explicit.groups == 3 and explicit.show_map is True and explicit.history is None
@@ -325,7 +327,7 @@ def single_process_update(objective):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
-    crl.policy_update(holder, model, opt, segs, advs, *bound_loss(objective), 1.0)
+    crl.policy_update(holder, crl.Update(model, opt, *bound_loss(objective)), segs, advs)
     return model
 
 
@@ -371,7 +373,7 @@ def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
     write_hf_checkpoint(extractor_dir, 1)
     # a random model almost never writes <ask>, so its first reply is constrained to a question: the
     # rest (retrieval, the extractor's answer, the tool turn, training on it) is the real path
-    from model import Constraint
+    from small.grammar import Constraint
     real, calls = crl.generate, []
 
     def first_reply_asks(model, prompts, *args, **kw):
@@ -465,7 +467,7 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
     import envs
     from model import load_tokenizer
     tok, env = load_tokenizer("tiny"), envs.make("room", max_steps=10, show_map=False)
-    cfg = crl.CRLConfig(**{k: v for k, v in train.TINY.items() if hasattr(crl.CRLConfig, k)})
+    cfg = crl.CRLConfig(**{k: v for k, v in presets.TINY.items() if hasattr(crl.CRLConfig, k)})
     model = Transformer.tiny(seed=0)
 
     def move_probs(obs, lessons):   # P(reply = each action), from the rollout's own prompt
@@ -484,7 +486,7 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
         return sum(move_probs(o, [a])[j] for o in obs for j, a in enumerate(env.actions)).item() / (4 * 8), obs
 
     before, _ = follow_rate()
-    train.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
+    presets.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
     after, obs = follow_rate()
     assert before < 0.2 and after > 0.3
     assert max(move_probs(o, []).max().item() for o in obs) < 0.5
@@ -569,10 +571,10 @@ def test_bad_per_task_values_are_one_line_errors(capsys, value):
 
 def test_micro_batches_bound_sequences_and_padded_tokens():
     lengths = [30, 10, 20, 25, 5, 40]                 # sorted: 5, 10, 20, 25, 30, 40 (indices 4, 1, 2, 3, 0, 5)
-    assert crl.micro_batches(lengths, 4, None) == [[4, 1, 2, 3], [0, 5]]
-    assert crl.micro_batches(lengths, 4, 60) == [[4, 1, 2], [3, 0], [5]]   # 3 x 20 = 60; 2 x 30; 40 alone
-    assert crl.micro_batches([20] * 4, 4, 60) == [[0, 1, 2], [3]]          # a fourth would pad to 80
-    assert crl.micro_batches([100], 4, 50) == [[0]]                        # longer than the budget: alone
+    assert parallel.micro_batches(lengths, 4, None) == [[4, 1, 2, 3], [0, 5]]
+    assert parallel.micro_batches(lengths, 4, 60) == [[4, 1, 2], [3, 0], [5]]   # 3 x 20 = 60; 2 x 30; 40 alone
+    assert parallel.micro_batches([20] * 4, 4, 60) == [[0, 1, 2], [3]]          # a fourth would pad to 80
+    assert parallel.micro_batches([100], 4, 50) == [[0]]                        # longer than the budget: alone
 
 
 def test_a_token_budget_leaves_the_update_unchanged():
@@ -582,7 +584,7 @@ def test_a_token_budget_leaves_the_update_unchanged():
         model = Transformer.tiny(seed=0)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         segs, advs = fixed_segments(model)
-        crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(**cfg)), model, opt, segs, advs, *bound_loss("grpo"), 1.0)
+        crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(**cfg)), crl.Update(model, opt, *bound_loss("grpo")), segs, advs)
         return model.state_dict()
     a, b = update(micro_batch=6), update(micro_batch=6, micro_tokens=40)   # lengths 10-25: batches of 1-4
     assert any(not torch.equal(a[k], Transformer.tiny(seed=0).state_dict()[k]) for k in a)
