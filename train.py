@@ -86,7 +86,7 @@ class RunConfig:
                                      "(0: none)", min=0)
 
 
-CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png
+CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png (rundir.draw_curve)
 
 
 def presets(given: dict) -> dict:
@@ -334,7 +334,7 @@ def report(args, metrics: dict, log, bar):
     step = metrics["step"]
     if step % CURVE_EVERY == 0 or step == args.iters - 1 or any(k.startswith("eval/") for k in metrics):
         try:
-            draw_curve(args.out)
+            rundir.draw_curve(args.out)
         except Exception as err:   # a picture is never worth stopping the training for
             warnings.warn(f"step {step}: {args.out}/curve.png not redrawn ({type(err).__name__}: {err})")
     bar.set_postfix({k.split("/", 1)[1]: f"{v:.2f}" for k, v in metrics.items()
@@ -421,37 +421,6 @@ def finish(run: crl.Run, args, owns_group: bool):
         dist.barrier()  # leave together: gloo can abort a rank whose peer is still finishing its last write
         if owns_group:
             dist.destroy_process_group()
-
-
-def draw_curve(out: str):
-    """Success vs iteration per task, with and without experience: held-out evaluation (bold, markers) and
-    training rollouts (thin, a moving average over 5 iterations: one iteration's groups are few and noisy)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    series = sorted({k.split("/", 1)[1] for r in rows for k in r if "/success_" in k})   # e.g. room/success_exp
-    if not series:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4, series):
-        train = [(r["step"], r["train/" + name]) for r in rows if "train/" + name in r]
-        if train:
-            steps, values = zip(*train)
-            smooth = [sum(values[max(0, i - 4):i + 1]) / len(values[max(0, i - 4):i + 1]) for i in range(len(values))]
-            ax.plot(steps, smooth, color=color, lw=1, alpha=0.6, label=f"train {name} (avg 5)")
-        evals = [(r["step"], r["eval/" + name]) for r in rows if "eval/" + name in r]
-        if evals:
-            ax.plot(*zip(*evals), color=color, lw=2, marker="o", ms=4, label=f"eval {name}")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("success rate")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "curve.png.tmp"), format="png", dpi=100)
-    plt.close(fig)
-    os.replace(os.path.join(out, "curve.png.tmp"), os.path.join(out, "curve.png"))
 
 
 if __name__ == "__main__":
