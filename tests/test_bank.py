@@ -14,6 +14,7 @@ import torch
 
 import bank as B
 from bank import Entry, ExperienceBank, ExperienceManager, Operation
+from hf import Embedder, default_embedder_path
 
 
 def unit(rng, n, d):
@@ -577,12 +578,12 @@ def test_sync_mode_is_inline_and_deterministic():
 
 @pytest.fixture(scope="module")
 def minilm():
-    return B.Embedder(batch_size=3)
+    return Embedder(batch_size=3)
 
 
 def test_minilm_matches_sentence_transformers(minilm):
     import sentence_transformers as st   # a requirement: missing, the test fails rather than skips
-    path = str(B.default_embedder_path())
+    path = str(default_embedder_path())
     texts = ["You are in a 5x5 room. Reach the stairs down '>'.",
              "A key lies to the north; the door to the east is locked.",
              "a", "Boulders block the river crossing. " * 80,      # > 256 tokens: truncated like the reference
@@ -598,8 +599,8 @@ def test_minilm_matches_sentence_transformers(minilm):
 
 def test_embedder_memo_embeds_each_text_once_and_returns_the_same_vectors():
     texts = ["go north", "the stairs are east", "go north", "x", "the stairs are east"]
-    ref = B.Embedder(batch_size=64, memo_size=0)(texts)    # 0: nothing kept, every call computes
-    emb = B.Embedder(batch_size=2, memo_size=2)
+    ref = Embedder(batch_size=64, memo_size=0)(texts)    # 0: nothing kept, every call computes
+    emb = Embedder(batch_size=2, memo_size=2)
     encoded = []
     encode = emb._encode
     emb._encode = lambda batch: encoded.append(list(batch)) or encode(batch)
@@ -620,7 +621,7 @@ def test_minilm_similar_sentences_outscore_unrelated(minilm):
 
 def test_embedder_bad_input(tmp_path, minilm):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        B.Embedder(str(tmp_path))
+        Embedder(str(tmp_path))
     with pytest.raises(ValueError, match="list of strings"):
         minilm("just one string")
     with pytest.raises(ValueError, match="embedder dim"):
@@ -635,7 +636,7 @@ def test_decoder_embedder_pools_the_last_token_like_transformers(tmp_path):
     tok = model.ByteTokenizer()
     tok.save_pretrained(tmp_path)
     texts = ["go north", "the key opens the door to the east", "x", "push the boulder into the water"]
-    emb = B.Embedder(str(tmp_path), batch_size=3)    # batches of mixed lengths, right-padded
+    emb = Embedder(str(tmp_path), batch_size=3)    # batches of mixed lengths, right-padded
     assert emb.kind == "decoder" and emb.dim == net.config.hidden_size
     ours = emb(texts)
     ref_model = transformers.AutoModel.from_pretrained(str(tmp_path)).eval()
