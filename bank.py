@@ -2,10 +2,10 @@
 
 crl.py reads here at the start of every episode that plays with experience (`ExperienceManager.search`
 with the episode's first observation as the query) and writes here after episodes finish (the extractor's
-add / update / remove decisions, as `Operation`s, through `ExperienceManager.submit` or `.apply`). Each
-entry remembers the extractor generation that wrote it (`source`), which is how crl.py credits the
-extractor when episodes that used the entry succeed. train.py builds one manager per rank and saves the
-bank inside its model checkpoints (which it makes durable: the bank's files are plain files).
+add / update / remove decisions, as `Operation`s, through `ExperienceManager.apply`). Each entry
+remembers the extractor generation that wrote it (`source`), which is how crl.py credits the extractor
+when episodes that used the entry succeed. train.py builds one manager per rank and saves the bank inside
+its model checkpoints (which it makes durable: the bank's files are plain files).
 
 - `BankConfig`: the bank's settings (capacity and the re-rank), each with its help; crl.CRLConfig holds
   one, so train.py turns them into --bank-* flags.
@@ -15,16 +15,17 @@ bank inside its model checkpoints (which it makes durable: the bank's files are 
   method, and a list of operations is applied atomically.
 - `ExperienceManager`: the bank with the embedder that keys it (hf.Embedder in training; any callable
   texts -> [N, dim] L2-normalised vectors will do). It searches on the caller's thread (one embedding call
-  and one bank search), and runs distillation jobs on a background thread so the actor never waits on the
-  extractor. `sync=True` runs the jobs inline, in call order (tests, and DDP where every rank must apply
-  the same operations in the same order).
+  and one bank search), and owns the one background thread distillation runs on (parallel.Distillation
+  submits to it, so the actor trains while the extractor distils): a one-worker ThreadPoolExecutor whose
+  futures hand back each job's operations, for the caller to apply. `sync=True` runs the jobs inline
+  instead (tests, and `--distill inline`, the CPU default).
 """
 import json
 import math
-import queue
 import threading
 import warnings
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -531,31 +532,24 @@ def _read(root: Path):
 # ----------------------------------------------------------------------------------------------------------
 # the manager
 
-_STOP = object()
-
-
 class ExperienceManager:
-    """The bank, the embedder and a background distillation thread.
+    """The bank, the embedder, and the one background thread distillation runs on.
 
     search(): embeds the queries and searches the bank on the caller's thread.
-    submit(fn, *args): `fn(*args)` (e.g. run the extractor on finished episodes) runs on the background
-    thread and returns a list of Operations, applied atomically under the bank's lock. A job's exception
-    is kept and re-raised by flush() (or close()), never lost.
-    sync=True: no thread; submitted jobs run inline, in call order.
+    submit(fn, *args) -> Future: `fn(*args)` (parallel.Distillation submits crl.distill) runs on the
+    manager's thread, a one-worker ThreadPoolExecutor, so jobs run one at a time in submission order. What
+    the job returns, or raises, reaches the caller only through its future; the manager applies nothing
+    (the caller applies the operations, crl.apply_everywhere, every rank's in rank order).
+    sync=True: no thread; submit runs the job inline and returns its future already done.
     """
 
     def __init__(self, bank: ExperienceBank, embedder, sync: bool = False):
         if getattr(embedder, "dim", bank.dim) != bank.dim:
             raise ValueError(f"embedder dim {embedder.dim} != bank dim {bank.dim}; build the bank with "
                              "ExperienceBank(dim=embedder.dim)")
-        self.bank, self.embedder, self.sync = bank, embedder, bool(sync)
-        self._jobs = queue.Queue()
-        self._error, self._error_mu = None, threading.Lock()
+        self.bank, self.embedder = bank, embedder
         self._closed = False
-        self._thread = None
-        if not self.sync:
-            self._thread = threading.Thread(target=self._distill_loop, name="bank-distill", daemon=True)
-            self._thread.start()
+        self._executor = None if sync else ThreadPoolExecutor(max_workers=1, thread_name_prefix="bank-distill")
 
     # ---- the actor's side ---------------------------------------------------------------------------------
     def embed(self, texts) -> torch.Tensor:
@@ -579,67 +573,29 @@ class ExperienceManager:
     def apply(self, ops: list[Operation]) -> list[int | None]:
         return self.bank.apply(ops)
 
-    def submit(self, fn, *args) -> None:
+    def submit(self, fn, *args) -> Future:
+        """`fn(*args)` on the manager's thread (inline with sync=True); its result or exception in the future."""
         if self._closed:   # no thread is left to run it
             raise RuntimeError("ExperienceManager is closed; build a new one")
-        if self.sync:
-            self._run_job(fn, args)
-        else:
-            self._jobs.put((fn, args))
-
-    @property
-    def pending(self) -> int:
-        """Jobs submitted and not yet applied."""
-        return self._jobs.unfinished_tasks
-
-    def flush(self) -> None:
-        """Wait until every submitted job has been applied; re-raise the first job exception, if any."""
-        self._jobs.join()
-        self._raise_error()
+        if self._executor is not None:
+            return self._executor.submit(fn, *args)
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:   # as the executor's worker does: the caller meets it in result()
+            future.set_exception(err)
+        return future
 
     def close(self) -> None:
-        """Finish queued jobs, stop the thread, re-raise an unreported job exception. Idempotent."""
+        """Finish the submitted jobs and stop the thread. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
-            self._jobs.put(_STOP)
-            self._thread.join()
-        self._raise_error()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-    # ---- internals ------------------------------------------------------------------------------------------
-    def _raise_error(self):
-        with self._error_mu:
-            err, self._error = self._error, None
-        if err is not None:
-            raise err
-
-    def _run_job(self, fn, args):
-        ops = fn(*args)
-        if ops is None:
-            return
-        if isinstance(ops, Operation) or not isinstance(ops, (list, tuple)):
-            raise ValueError(f"a submitted job must return a list of Operations (or None), got {type(ops).__name__}")
-        if ops:
-            self.bank.apply(ops)
-
-    def _distill_loop(self):
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is _STOP:
-                    return
-                try:
-                    self._run_job(*job)
-                except Exception as e:  # kept for flush(); the thread goes on with the next job
-                    with self._error_mu:
-                        if self._error is None:
-                            self._error = e
-            finally:
-                self._jobs.task_done()

@@ -23,7 +23,6 @@ hands back what it was given. crl.py calls it at a few fixed points, train.py wh
   one fixed point (crl.apply_everywhere): bank replicas stay identical and runs reproducible.
 """
 import pickle
-from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -262,15 +261,8 @@ class Distillation:
 
     def __init__(self, run, fn, *args):
         self.run, self.trained = run, run.extractor
-        self.future = Future()
         run.extractor = rollout_copy(run.extractor)
-        run.manager.submit(self._run, fn, (run, *args))
-
-    def _run(self, fn, args):
-        try:
-            self.future.set_result(fn(*args))
-        except BaseException as err:   # re-raised by result(), on the caller's thread
-            self.future.set_exception(err)
+        self.future = run.manager.submit(fn, run, *args)   # a job's error is re-raised by result()
 
     def result(self) -> list:
         try:
