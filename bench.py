@@ -325,18 +325,22 @@ def bench_writer_overhead(n=20000, d=384, readers=2, seconds=2.0, ops_per_job=3)
     t_end = time.perf_counter() + seconds
     i = 0
 
-    def job(i):  # what one distillation produces: a few adds and a merge of recent entries
+    # what one distillation produces, a few adds and a merge of recent entries, applied on the manager's thread
+    # (the manager hands a job's result back and applies nothing, so the job applies its own operations)
+    def job(i):
         ops = [Operation("add", "room", f"new {i}.{j}", key=pool[(i + j) % 512], source=i, step=i)
                for j in range(ops_per_job - 1)]
         ops.append(Operation("update", "room", f"merged {i}", ids=(n + 2 * i - 2, n + 2 * i - 1),
                              key=pool[i % 512], source=i, step=i))
         applied[0] += len(ops)
-        return ops
+        mgr.apply(ops)
+    jobs = []
     while time.perf_counter() < t_end:
-        mgr.submit(job, i)
+        jobs.append(mgr.submit(job, i))
         i += 1
         time.sleep(0.001)   # ~1000 distillations/s: far more than an extractor produces
-    mgr.flush()
+    for done in jobs:
+        done.result()
     stop.set()
     for t in threads:
         t.join()

@@ -32,7 +32,6 @@ import math
 import os
 import pickle
 import warnings
-from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -266,15 +265,8 @@ class Distillation:
 
     def __init__(self, run, fn, *args):
         self.run, self.trained = run, run.extractor
-        self.future = Future()
         run.extractor = rollout_copy(run.extractor)
-        run.manager.submit(self._run, fn, (run, *args))
-
-    def _run(self, fn, args):
-        try:
-            self.future.set_result(fn(*args))
-        except BaseException as err:   # re-raised by result(), on the caller's thread
-            self.future.set_exception(err)
+        self.future = run.manager.submit(fn, run, *args)   # a job's error is re-raised by result()
 
     def result(self) -> list:
         try:

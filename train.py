@@ -36,9 +36,9 @@ import crl
 import envs
 import parallel
 import rundir
-from bank import Embedder, ExperienceBank, ExperienceManager
+from bank import ExperienceBank, ExperienceManager
 from crl import setting
-from hf import PACKAGED, checkpoint_dir, load_tokenizer
+from hf import PACKAGED, Embedder, checkpoint_dir, load_tokenizer
 from model import Transformer
 from small.presets import PRESETS, teach_lessons
 

@@ -16,9 +16,9 @@ import sys
 
 import torch
 
-import bank
 import crl
 import envs
+from hf import Embedder
 from small import presets
 from probes import ONE_MOVE
 
@@ -66,7 +66,7 @@ def main(train_starts: int = 2048, evals: int = 256):
             lessons.append(move)
             train_pos.append(pos)
             by_pos.setdefault(pos, collections.Counter())[move] += 1
-    embed = bank.Embedder()
+    embed = Embedder()
     bank_vecs = embed(keys)
     no_lesson = [play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1)) for s in range(evals)]
     print(f"no lesson (the stepper): held-out success {sum(r[3] for r in no_lesson) / evals:.3f}")

@@ -4,6 +4,7 @@ end to end with --fsdp and --resume, and background distillation under DDP. Each
 checks (tests/parallel_worker.py); a module fixture launches it once for the tests that read its results."""
 import json
 import os
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -115,6 +116,26 @@ def test_fsdp_bf16_compute_keeps_fp32_masters(units):
     assert frac > 0.99 and same_sign > 0.8 and 0.9 < ratio < 1.1, (frac, same_sign, ratio)
 
 
+@pytest.mark.parametrize("sync", [False, True])
+def test_distillation_runs_on_the_bank_managers_thread(sync):
+    """Distillation submits to the bank manager's one thread (inline with a synchronous manager); result()
+    hands back what the job returned, or re-raises what it raised, and the next job still runs."""
+    from bank import ExperienceBank, ExperienceManager
+    with ExperienceManager(ExperienceBank(4), None, sync=sync) as manager:
+        run = SimpleNamespace(extractor=None, manager=manager)
+
+        def distil(got, step):
+            assert got is run
+            return [threading.current_thread().name, step]
+
+        def broken(got, step):
+            raise RuntimeError(f"extractor crashed at {step}")
+        failed, later = parallel.Distillation(run, broken, 1), parallel.Distillation(run, distil, 2)
+        with pytest.raises(RuntimeError, match="crashed at 1"):
+            failed.result()
+        assert later.result() == [threading.current_thread().name if sync else "bank-distill_0", 2]
+
+
 def test_train_fsdp_resume_and_background_distillation(tmp_path):
     _torchrun("train", str(tmp_path), worker=WORKER)
     full, part = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
@@ -124,7 +145,7 @@ def test_train_fsdp_resume_and_background_distillation(tmp_path):
     for r, mine in enumerate(res):                                # every rank gets its own generations back
         assert mine["saved_generations"] and all(g % 2 == r for g in mine["saved_generations"])
         assert mine["resumed_generations"] == mine["saved_generations"]
-    assert res[0]["distill_threads"] == ["bank-distill"]          # distilled on the manager's thread
+    assert res[0]["distill_threads"] == ["bank-distill_0"]        # distilled on the manager's one thread
     assert res[0]["async"][0] == res[1]["async"][0] and len(res[0]["async"][0]) > 0   # identical replicas
     a, b = read_metrics(tmp_path / "async"), read_metrics(tmp_path / "async2")
     assert [strip_times(r) for r in a] == [strip_times(r) for r in b]
