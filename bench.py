@@ -86,9 +86,9 @@ BENCH_CONFIG = dict(architectures=["Qwen3ForCausalLM"], vocab_size=32000, hidden
 
 
 def _checkpoint(path: str) -> str:
-    from model import Transformer
+    from small.tiny import tiny_model
     if not os.path.exists(os.path.join(path, "config.json")):
-        Transformer.tiny(seed=0, **BENCH_CONFIG).save_pretrained(path)
+        tiny_model(seed=0, **BENCH_CONFIG).save_pretrained(path)
     return path
 
 

@@ -68,7 +68,7 @@ from hf import encode_chat, next_turn_tokens
 from model import Sampling, Session, generate
 from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
                       world)
-from small.grammar import Constraint, lesson_plans, operation_heads
+from small.grammar import Constraint, heads_for
 
 
 MODES = ("crl", "grpo", "static", "exp-only")
@@ -1147,24 +1147,6 @@ def play_held_out(run, specs: list[tuple], noise_step: int) -> list[Episode]:
 # Machinery: what the method needs to run, kept out of the reader's way (the policy update's micro-batches,
 # denominators and collectives are parallel.policy_update)
 # =========================================================================================================
-
-# ---------------------------------------------------------------------------------------------------------
-# The small models' grammars (small/grammar.py): a constrained extractor's operation heads and lesson plans
-
-def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
-    if run.cfg.extractor_free_text:
-        return None
-    none = merge or run.cfg.extractor_none     # a merge may always leave its lessons as they are
-    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), none) for n, task in zip(shown, tasks)]
-
-
-def task_plans(run, task: str) -> tuple[str, ...]:
-    """The lesson grammar of `task` (empty without cfg.lesson_moves), from one of its envs' actions."""
-    if not run.cfg.lesson_moves:
-        return ()
-    env = run.pool.take(task)
-    run.pool.give(task, True, env)
-    return lesson_plans(tuple(env.actions), run.cfg.lesson_moves)
 
 # ---------------------------------------------------------------------------------------------------------
 # Metrics

@@ -39,7 +39,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 @dataclass
 class ModelConfig:
-    """The decoder's shape. Field names are the config.json keys, so `Transformer.tiny(hidden_size=64)` and a
+    """The decoder's shape. Field names are the config.json keys, so `small.tiny.tiny_model(hidden_size=64)` and a
     checkpoint's config.json speak the same language; `extra` carries every other key back out unchanged."""
     architecture: str = "Qwen3ForCausalLM"
     vocab_size: int = 259

@@ -40,6 +40,7 @@ from bank import ExperienceBank, ExperienceManager
 from crl import setting
 from hf import PACKAGED, Embedder, checkpoint_dir, load_tokenizer
 from model import Transformer
+from small.tiny import tiny_model
 from small.presets import PRESETS, teach_lessons
 
 
@@ -250,7 +251,7 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
     if spec == "tiny":
         model = None
         if reads:
-            model = Transformer.tiny(seed=seed)
+            model = tiny_model(seed=seed)
             if prior:
                 prior(model, load_tokenizer("tiny"))
             model = model.to(master)

@@ -104,3 +104,21 @@ def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = (), non
 def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
     """The lesson grammar: every plan of 1..n of the env's own action words, `southeast east`."""
     return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
+
+
+def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
+    """A run's extractor constraints, one per prompt: None when it writes free text (crl.Run: cfg, pool,
+    extractor_tok)."""
+    if run.cfg.extractor_free_text:
+        return None
+    none = merge or run.cfg.extractor_none     # a merge may always leave its lessons as they are
+    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), none) for n, task in zip(shown, tasks)]
+
+
+def task_plans(run, task: str) -> tuple[str, ...]:
+    """The lesson grammar of `task` (empty without cfg.lesson_moves), from one of its envs' actions."""
+    if not run.cfg.lesson_moves:
+        return ()
+    env = run.pool.take(task)
+    run.pool.give(task, True, env)
+    return lesson_plans(tuple(env.actions), run.cfg.lesson_moves)

@@ -40,9 +40,9 @@ if sys.argv[1] == "train":
 else:
     from test_train import bound_loss, fixed_segments  # noqa: E402
     from types import SimpleNamespace  # noqa: E402
-    from model import Transformer  # noqa: E402
+    from small.tiny import tiny_model  # noqa: E402
     dist.init_process_group("gloo")
-    model = Transformer.tiny(seed=0)
+    model = tiny_model(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     mine = list(range(rank, len(segs), dist.get_world_size()))

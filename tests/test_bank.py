@@ -652,9 +652,11 @@ def test_embedder_bad_input(tmp_path, minilm):
 
 
 def test_decoder_embedder_pools_the_last_token_like_transformers(tmp_path):
-    import model
     import transformers
-    net = model.Transformer.tiny(seed=3)
+
+    import model
+    from small.tiny import tiny_model
+    net = tiny_model(seed=3)
     net.save_pretrained(tmp_path)
     tok = model.ByteTokenizer()
     tok.save_pretrained(tmp_path)

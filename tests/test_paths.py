@@ -10,8 +10,9 @@ import torch
 import crl
 import parallel
 from bank import ExperienceBank, ExperienceManager, Operation
-from model import Transformer, load_tokenizer
+from model import load_tokenizer
 from test_bank import HashEmbedder
+from small.tiny import tiny_model
 
 
 def tiny_run(manager=None, **settings) -> crl.Run:
@@ -19,7 +20,7 @@ def tiny_run(manager=None, **settings) -> crl.Run:
     cfg = crl.CRLConfig(**{"free_text": False, "instructions": False, "show_map": False, "max_steps": 10,
                            "max_reply_tokens": 16, **settings})
     tok = load_tokenizer("tiny")
-    run = crl.Run(cfg, ["room"], 0, Transformer.tiny(seed=0), tok, None, Transformer.tiny(seed=1), tok, None,
+    run = crl.Run(cfg, ["room"], 0, tiny_model(seed=0), tok, None, tiny_model(seed=1), tok, None,
                   manager)
     run.timer = {"generate": 0.0, "env": 0.0, "extractor": 0.0, "extractor_update": 0.0}
     run.counters = {"parse_failures": 0, "operations": 0, "merges": 0, "discards": 0}
@@ -37,7 +38,7 @@ def test_the_context_limit_ends_an_episode_as_a_failure():
 
 
 def test_a_non_finite_loss_skips_the_update():
-    model = Transformer.tiny(seed=0)
+    model = tiny_model(seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     for p in model.parameters():

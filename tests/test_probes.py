@@ -12,10 +12,11 @@ import crl
 import envs
 import train
 from bank import ExperienceBank
-from model import Transformer, load_tokenizer
+from model import load_tokenizer
 from probes import (ONE_MOVE, actor_policy, bank_value, judge, lesson_follow, lessons, memoryless, policy, pool_lessons,
                     vault_controls, vault_forms, vault_lessons)
 from test_train import FAST
+from small.tiny import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def run_dir(tmp_path_factory):
 
 
 def test_policy_is_the_constrained_softmax():
-    model, tok = Transformer.tiny(seed=0).eval(), load_tokenizer("tiny")
+    model, tok = tiny_model(seed=0).eval(), load_tokenizer("tiny")
     actions = ("north", "northeast", "south")            # shared prefixes: 'north' then its end or 'east'
     prompt = tok.encode("you see stairs", add_special_tokens=False)
     got = policy(model, tok, prompt, actions)
