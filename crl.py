@@ -3,11 +3,11 @@ an experience extractor trained with CISPO on the measured utility of the lesson
 
 Read top to bottom, as the paper goes: the settings and the run state, the actor's prompts and `rollout`, the
 actor's objective (split advantages, GRPO, `actor_update`), the extractor (distillation, credit, CISPO,
-`extractor_update`, the merge), one iteration (`train_step`) and `evaluate`. The machinery (policy updates in
-micro-batches, the small models' grammars, metrics) sits together at the bottom. model.py supplies the decoder
-and the batched KV-cache generator, hf.py the tokenizers and the chat template, envs.py the games and their
-pool, bank.py the shared experience bank, parallel.py the random streams and collectives, small/ what only the
-small models need; train.py builds a `Run` and calls `train_step` / `evaluate` in a loop, under torchrun.
+`extractor_update`, the merge), one iteration (`train_step`) and `evaluate`; the metrics sit at the bottom.
+model.py supplies the decoder and the batched KV-cache generator, hf.py the tokenizers and the chat template,
+envs.py the games and their pool, bank.py the shared experience bank, parallel.py the micro-batched policy
+update, random streams and collectives, small/ what only the small models need (constrained replies, the
+tiny model, the presets); train.py builds a `Run` and calls `train_step` / `evaluate` in a loop.
 
 The paper (Muhtar et al., arXiv 2603.17621), piece by piece; METHOD.md sets each point beside the authors'
 release (github pUmpKin-Co/ComplementaryRL at ab2574f), which crl follows where the paper is silent:
@@ -43,7 +43,7 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 - the judge reads the task, the first view and the lesson, not the task's running score; an extractor reply's
   bad lines are skipped, not the whole reply; the bank's capacity is per task, not shared;
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
-  extractor writes through constrained operation heads (the small models' grammars below); on CPU
+  extractor writes through constrained operation heads (small/grammar.py); on CPU
   distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
 One option is ours alone, off by default: `--credit lift` credits a lesson with its episode's gain over the
 same instance played without experience (episode_lift).
@@ -119,16 +119,11 @@ class CRLConfig:
     lr: float = setting(1e-6, "actor learning rate (AdamW)", min=0)
     extractor_lr: float = setting(1e-6, "extractor learning rate (AdamW)", min=0)
     temperature: float = setting(1.0, "actor sampling temperature in training (0: greedy)", min=0)
-    eval_temperature: float | None = setting(None, "actor sampling temperature in evaluation (default none: "
-                                                   "--temperature)", min=0)
     top_p: float = setting(1.0, "nucleus sampling mass, actor and extractor", above=0, max=1)
     top_k: int = setting(0, "sample from the k likeliest tokens only (0: all)", min=0)
     clip: float = setting(0.2, "PPO clip epsilon of the actor's GRPO loss [release]", min=0)
     cispo_eps_low: float = setting(0.1, "CISPO importance-weight clip below 1 [release]", min=0)
     cispo_eps_high: float = setting(0.1, "CISPO importance-weight clip above 1 [release]", min=0)
-    loss_agg: str = setting("seq-mean-token-mean", "loss aggregation over tokens",
-                            choices=("seq-mean-token-mean", "token-mean"))
-    adv_std: bool = setting(False, "divide advantages by the subgroup's std (the authors only centre them)")
     split: bool = setting(True, "advantages within the with/without-experience halves of a group (PAPER §Actor "
                                 "objective: split advantage); --no-split: one group of all G, the ablation")
     grad_clip: float = setting(1.0, "gradient-norm clip", above=0)
@@ -209,8 +204,6 @@ class CRLConfig:
                                      "same in words")
 
     def __post_init__(self):
-        if self.eval_temperature is None:
-            self.eval_temperature = self.temperature
         self.max_steps, self.history = (None if v is None else str(v) for v in (self.max_steps, self.history))
         # parsed once (a bad value fails here, not mid-run); window() is read every turn of every episode
         self._steps, self._windows = per_task(self.max_steps, 1), per_task(self.history, 0)
@@ -634,59 +627,52 @@ def lesson_credit(score: float, verdict: str | None, zero_is_failure: bool = Tru
 # ---------------------------------------------------------------------------------------------------------
 # The actor's objective (PAPER §Actor objective): GRPO on split advantages
 
-def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch.Tensor, std: bool = False
-                     ) -> torch.Tensor:
+def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch.Tensor) -> torch.Tensor:
     """A_i = R_i - mean(R) within each (group, with/without experience) subgroup (PAPER §Actor objective: split
-    advantage; [release] no division by the std unless `std`). Keeps a learning signal for experience-free play."""
+    advantage; [release] no division by the std). Keeps a learning signal for experience-free play."""
     rewards = rewards.double()
     adv = torch.zeros_like(rewards)
     sub = group.long() * 2 + with_exp.long()
     for key in sub.unique():
         idx = sub == key
         adv[idx] = rewards[idx] - rewards[idx].mean()
-        if std and idx.sum() > 1:
-            adv[idx] = adv[idx] / (rewards[idx].std() + 1e-6)
     return adv.float()
 
 
-def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, agg: str = "seq-mean-token-mean", **denoms):
+def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, **denoms):
     """-min(r A, clip(r, 1-eps, 1+eps) A) per token, r = pi/pi_old: PPO-clip with no KL and no entropy
     (PAPER §Actor objective [release]). logp/old_logp/mask [B,T], adv [B]. A clipped token has no gradient."""
     r = torch.exp(logp - old_logp)
     a = adv[:, None]
     per_token = -torch.minimum(r * a, r.clamp(1 - clip, 1 + clip) * a)
-    return aggregate(per_token, mask, agg, **denoms)
+    return aggregate(per_token, mask, **denoms)
 
 
 def actor_update(run, eps: list[Episode]) -> dict:
     """The actor's GRPO step on split advantages; a windowed episode's segments share its advantage."""
     cfg = run.cfg
     adv = split_advantages(torch.tensor([e.reward for e in eps]), torch.tensor([e.group for e in eps]),
-                           torch.tensor([e.with_exp and cfg.split for e in eps]), cfg.adv_std)
+                           torch.tensor([e.with_exp and cfg.split for e in eps]))
     segments = [s for e in eps for s in e.segments]
     seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
     t0 = time.perf_counter()
-    update = Update(run.actor, run.actor_opt, functools.partial(grpo_loss, clip=cfg.clip, agg=cfg.loss_agg),
+    update = Update(run.actor, run.actor_opt, functools.partial(grpo_loss, clip=cfg.clip),
                     (1 - cfg.clip, 1 + cfg.clip), Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.minibatches)
     stats = policy_update(run, update, segments, seg_adv)
     run.timer["update"] = time.perf_counter() - t0
     return {f"actor/{k}": v for k, v in stats.items()}
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, num_seqs: float | None = None,
-              num_tokens: float | None = None, seq_tokens: torch.Tensor | None = None) -> torch.Tensor:
-    """seq-mean-token-mean: mean over each sequence's tokens, then over sequences; token-mean: over all
-    tokens. The denominators may be given (global counts), so micro-batches and DDP ranks sum exactly; a
-    row may be one piece of a longer sequence (an episode split into windows), divided by that sequence's
-    token count `seq_tokens` and counted as its share in `num_seqs`."""
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, num_seqs: float | None = None,
+              seq_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """seq-mean-token-mean [release]: the mean over each sequence's tokens, then over sequences. The number of
+    sequences may be given (a global count), so micro-batches and DDP ranks sum exactly; a row may be one
+    piece of a longer sequence (an episode split into windows), divided by that sequence's token count
+    `seq_tokens` and counted as its share in `num_seqs`."""
     mask = mask.to(per_token.dtype)
-    if agg == "seq-mean-token-mean":
-        denom = seq_tokens if seq_tokens is not None else mask.sum(-1).clamp(min=1)
-        per_seq = (per_token * mask).sum(-1) / denom
-        return per_seq.sum() / (num_seqs if num_seqs is not None else max(per_token.shape[0], 1))
-    if agg == "token-mean":
-        return (per_token * mask).sum() / (num_tokens if num_tokens is not None else mask.sum().clamp(min=1))
-    raise ValueError(f"unknown loss aggregation {agg!r}; use seq-mean-token-mean or token-mean")
+    denom = seq_tokens if seq_tokens is not None else mask.sum(-1).clamp(min=1)
+    per_seq = (per_token * mask).sum(-1) / denom
+    return per_seq.sum() / (num_seqs if num_seqs is not None else max(per_token.shape[0], 1))
 
 # ---------------------------------------------------------------------------------------------------------
 # The experience extractor (PAPER §Experience bank, §Extractor objective): it distils finished episodes
@@ -894,13 +880,12 @@ def episode_lift(eps: list[Episode]) -> list[float]:
             for e in eps]
 
 
-def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1,
-               agg: str = "seq-mean-token-mean", **denoms):
+def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1, **denoms):
     """CISPO (MiniMax-M1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi. The importance weight is
     clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [release])."""
     weight = torch.exp(logp - old_logp).clamp(1 - eps_low, 1 + eps_high).detach()
     per_token = -weight * adv[:, None] * logp
-    return aggregate(per_token, mask, agg, **denoms)
+    return aggregate(per_token, mask, **denoms)
 
 
 def extractor_update(run) -> dict:
@@ -920,7 +905,7 @@ def extractor_update(run) -> dict:
             s.extend(g.tokens, True, g.logprobs, g.allowed)
             segments.append(s)
         t0 = time.perf_counter()
-        loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high, agg=cfg.loss_agg)
+        loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high)
         update = Update(run.extractor, run.extractor_opt, loss, (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high),
                         Sampling(cfg.extractor_temperature, cfg.top_k, cfg.top_p))
         stats = policy_update(run, update, segments, [r - mean for r in rewards])
@@ -1138,18 +1123,14 @@ def play_held_out(run, specs: list[tuple], noise_step: int) -> list[Episode]:
     eps, n = [], run.cfg.eval_batch
     with parallel.full_weights(run):
         for i in range(0, len(specs), n):
-            eps += rollout(run, specs[i:i + n], rng, run.cfg.eval_temperature, train=False)
+            eps += rollout(run, specs[i:i + n], rng, run.cfg.temperature, train=False)
     run.timer = timer
     return eps
 
 
 # =========================================================================================================
-# Machinery: what the method needs to run, kept out of the reader's way (the policy update's micro-batches,
-# denominators and collectives are parallel.policy_update)
+# Metrics, kept out of the reader's way (the update's micro-batches and collectives: parallel.py)
 # =========================================================================================================
-
-# ---------------------------------------------------------------------------------------------------------
-# Metrics
 
 def success_metrics(eps: list[Episode], prefix: str) -> dict:
     """Success rate and mean reward (WebShop's is fractional) with and without experience per task, summed

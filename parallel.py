@@ -327,8 +327,7 @@ def optimizer_step(run, update: Update, segments: list, advantages: list[float])
     """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
     micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
     model = update.model
-    denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)),
-                  num_tokens=all_reduce_sum(sum(sum(s.mask) for s in segments)))
+    denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)))
     # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
     # denominators above still count it, so the update is exactly the same)
     trained = [j for j in range(len(segments)) if advantages[j] != 0.0 and any(segments[j].mask[1:])]

@@ -318,8 +318,8 @@ def fixed_segments(model, n=6, seed=0):
 def bound_loss(name: str, cfg=crl.CRLConfig()) -> tuple:
     """(loss_fn, clip_range) bound as actor_update (grpo) or extractor_update (cispo) binds them."""
     if name == "grpo":
-        return functools.partial(crl.grpo_loss, clip=cfg.clip, agg=cfg.loss_agg), (1 - cfg.clip, 1 + cfg.clip)
-    return (functools.partial(crl.cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high, agg=cfg.loss_agg),
+        return functools.partial(crl.grpo_loss, clip=cfg.clip), (1 - cfg.clip, 1 + cfg.clip)
+    return (functools.partial(crl.cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high),
             (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high))
 
 
