@@ -11,7 +11,8 @@ with experience when the run has a bank, unless --no-experience. Nothing in RUN 
 What is printed comes from the Episode crl returns: the lessons it retrieved (and, when the actor judges them,
 what its prompt kept), then each turn's tokens as the actor read them, decoded (at turn 1 the system prompt
 and the first user turn; later what the turn added to the context, or the whole window where --history cuts
-it), and the reply it sampled; then the game's last observation and the outcome.
+it), and the reply it sampled (unprintable characters escaped); then the game's last observation and the
+outcome.
 
 Evaluation plays `eval_batch` episodes at once, and the noise an episode samples depends on the others in its
 batch: played alone, this is an episode evaluation could have played with these weights. --among E plays it
@@ -68,6 +69,12 @@ def turns(tok, e: crl.Episode) -> list[list]:
     return out
 
 
+def printable(text: str) -> str:
+    """The text with each unprintable character but the newline written as its escape (a tiny extractor's
+    lessons are bytes that a terminal would act on)."""
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+
+
 def lesson_lines(run, e: crl.Episode) -> list[str]:
     if not e.with_exp:
         return ["retrieved lesson(s): none (played without experience)"]
@@ -96,12 +103,12 @@ def outcome_line(e: crl.Episode, budget: int) -> str:
 
 def show(run, e: crl.Episode) -> str:
     """The episode as text."""
-    indent = lambda text: textwrap.indent(text, "    ", lambda line: True)
+    indent = lambda text: textwrap.indent(printable(text), "    ", lambda line: True)
     how = "with experience" if e.with_exp else "without experience"
     lines = [f"{e.task}, held-out instance {e.seed - crl.EVAL_SEED0} (game seed {e.seed}), {how}",
              *lesson_lines(run, e)]
     for k, (read, reply) in enumerate(turns(run.actor_tok, e)):
-        lines += [f"--- turn {k + 1}: the actor reads", indent(read.rstrip("\n"))]
+        lines += [f"--- turn {k + 1}: the actor reads", indent(read.strip("\n"))]
         lines += [f"--- turn {k + 1}: the actor replies", indent(reply if reply is not None else "(no reply)")]
     if e.transcript and e.transcript[-1][0] == "environment" and e.turns:
         lines += ["--- the game's last observation", indent(e.transcript[-1][1])]
@@ -113,12 +120,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("run", help="a run directory with a checkpoint (RUN/args.json, RUN/ckpt)")
     p.add_argument("--task", help="one of the run's tasks (default: its first)")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="held-out instance N: game seed crl.EVAL_SEED0 + N")
-    p.add_argument("--no-experience", action="store_true", help="play without a lesson (default: with one "
-                                                                "when the run has a bank)")
-    p.add_argument("--among", type=int, default=0, metavar="E", help="play it inside the held-out episodes crl.evaluate(run, "
-                                                        "tasks, E) plays, so it is the episode that evaluation "
-                                                        "scored (0: alone)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="held-out instance N: game seed crl.EVAL_SEED0 + N (default 0)")
+    p.add_argument("--no-experience", action="store_true",
+                   help="play without a lesson (default: with one when the run has a bank)")
+    p.add_argument("--among", type=int, default=0, metavar="E",
+                   help="play it inside the held-out episodes crl.evaluate(run, tasks, E) plays, so it is the "
+                        "episode that evaluation scored (default 0: alone)")
     mine, rest = p.parse_known_args(argv)
     if not os.path.exists(os.path.join(mine.run, "ckpt", "state.pt")):
         p.error(f"no checkpoint in {mine.run}/ckpt (is this a run directory?)")

@@ -196,6 +196,12 @@ def printed_episode(out: str) -> dict:
             "replies": [b for n, b in turns if n.endswith("replies")], "outcome": blocks[-1][0]}
 
 
+def shown(text: str) -> str:
+    """Text as probes.episode prints it: unprintable characters escaped, checked on a hand-made case first."""
+    assert episode.printable("north\x07\x01 \u00e9\n\tx") == "north\\x07\\x01 \u00e9\n\\tx"
+    return episode.printable(text)
+
+
 def test_episode_probe_prints_the_episode_crl_plays(vault_run, capsys):
     """What the probe prints is the episode crl.play_held_out plays from the run's checkpoint (built here as
     `train.py --resume` builds it): the lesson retrieved and in the prompt, each reply in its turn, each turn's
@@ -207,15 +213,16 @@ def test_episode_probe_prints_the_episode_crl_plays(vault_run, capsys):
         want = crl.play_held_out(run, [("vault", crl.EVAL_SEED0 + instance, instance, with_exp)], crl.EVAL_STEP)[0]
         episode.main([vault_run, "--seed", str(instance), *([] if with_exp else ["--no-experience"])])
         got = printed_episode(capsys.readouterr().out)
-        assert got["replies"] == [text for who, text in want.transcript if who == "agent"]
-        views = [text for who, text in want.transcript if who == "environment"]
+        assert got["replies"] == [shown(text) for who, text in want.transcript if who == "agent"]
+        views = [shown(text) for who, text in want.transcript if who == "environment"]
         assert len(got["reads"]) == want.turns and all(v in r for v, r in zip(views, got["reads"]))
         assert f"game seed {crl.EVAL_SEED0 + instance}" in got["head"][1]
         assert got["outcome"].startswith("outcome: ") and \
             f"success {want.success}, reward {want.reward:.3f}, {want.turns} actions" in got["outcome"]
         if with_exp:   # the tiny preset: the lesson closes the system prompt, which opens every turn's window
-            assert want.lessons and got["head"][3].startswith(f"  1. {want.lessons[0]!r} (bank entry {want.retrieved[0]}")
-            assert all(want.lessons[0] in r for r in got["reads"])
+            lesson = f"  1. {want.lessons[0]!r} (bank entry {want.retrieved[0]},"
+            assert want.lessons and got["head"][3].startswith(lesson)
+            assert shown(want.lessons[0]) and all(shown(want.lessons[0]) in r for r in got["reads"])
         else:
             assert got["head"][2] == "retrieved lesson(s): none (played without experience)"
             assert not any("1. " in r for r in got["reads"])
@@ -238,5 +245,5 @@ def test_episode_probe_among_replays_the_final_evaluation(vault_run, capsys):
     run.manager.close()
     episode.main([vault_run, "--seed", "3", "--among", "4"])
     got = printed_episode(capsys.readouterr().out)
-    assert got["replies"] == [text for who, text in eps[3].transcript if who == "agent"]
+    assert got["replies"] == [shown(text) for who, text in eps[3].transcript if who == "agent"]
     assert f"success {eps[3].success}, reward {eps[3].reward:.3f}" in got["outcome"]
