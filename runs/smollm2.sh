@@ -5,7 +5,7 @@
 # (maze grid, maze-* lesson-follow): the algorithm before the release's defaults (results/README.md). To get
 # the committed numbers, run this script in a checkout of that commit; later commits run their own algorithm.
 # Usage, from anywhere: bash runs/smollm2.sh [ROOT]   writes ROOT/smollm2/ (default ROOT: runs/rebuild; ROOT
-# `results` resumes the committed record, whose finished cells reproduce.py skips). About 10 hours on 2 cores.
+# `results` resumes the committed record, whose finished cells reproduce.py skips). About 6 hours on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
