@@ -2,6 +2,7 @@
 root with `python -m probes.NAME ...`; tests/test_probes.py runs each on a tiny setting. Their findings are
 in results/README.md and results/probes.md.
 
+    episode         a trained run plays one held-out episode: its lesson, each turn read and replied, the outcome
     lesson_follow   P(move | a one-move lesson names it): does a lesson reach the actor?
     lessons         a run's bank: each lesson, its uses and success when used, and how the bank grew
     actor_policy    a trained tiny actor's exact constrained policy by what is in view (p7)
