@@ -112,6 +112,25 @@ def moved(model, seed: int) -> bool:
     return any(not torch.equal(v.float(), init[k]) for k, v in model.state_dict().items())
 
 
+def test_each_update_recomputes_under_the_distribution_its_model_sampled_from(tmp_path, monkeypatch):
+    """The actor's and the extractor's updates take log-probs at their own temperatures and the shared top-k,
+    as their samplers drew: recomputed before any step, every trained token's log-prob is the sampler's."""
+    gaps = {}
+
+    def check(run, update, segments, advantages):
+        tokens, mask, old = parallel.pad_segments(segments, "cpu")
+        s = update.sampling
+        logp = token_logprobs(update.model, tokens, mask, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                              allowed=[seg.allowed for seg in segments])
+        who = "actor" if update.model is run.actor else "extractor"
+        gaps[who] = max(gaps.get(who, 0.0), (logp - old)[mask].abs().max().item())
+        return {}
+    monkeypatch.setattr(crl, "policy_update", check)
+    train.main([*STEPPING, "--mode", "crl", "--iters", "3", "--temperature", "0.7", "--extractor-temperature", "1.4",
+                "--top-k", "3", "--out", str(tmp_path)])
+    assert set(gaps) == {"actor", "extractor"} and max(gaps.values()) < 1e-4, gaps
+
+
 @pytest.mark.parametrize("mode", ["crl", "static", "exp-only"])
 def test_each_mode_trains_what_it_should(tmp_path, mode):
     """crl steps both models; static never changes the extractor; exp-only never changes the actor. Where the
@@ -214,7 +233,7 @@ def test_every_setting_is_a_documented_flag():
     (["--group-size", "3"], "--group-size must be an even number"), (["--top-p", "0"], "--top-p must be > 0"),
     (["--history", "-1"], "--history: '-1' in '-1' is not N or TASK=N"), (["--groups", "x"], "invalid int value"),
     (["--mode", "ppo"], "--mode must be one of crl"), (["--eval-every", "-1"], "--eval-every must be >= 0"),
-    (["--device", "nope"], "is not a device"), (["--loss-agg", "sum"], "--loss-agg must be one of"),
+    (["--device", "nope"], "is not a device"), (["--judge", "maybe"], "--judge must be one of"),
     (["--save-every", "0"], "--save-every must be >= 1"), (["--micro-batch", "0"], "--micro-batch must be >= 1")])
 def test_bad_flag_values_are_one_line_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as exit:
