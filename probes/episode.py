@@ -1,6 +1,6 @@
 """A trained run plays one held-out episode, shown turn by turn: its lesson, what the actor read and replied.
 Run: python -m probes.episode RUN [--task TASK] [--seed N] [--no-experience] [--among E] [train.py flags that
-change the run's settings, e.g. --eval-temperature 0]
+change the run's settings, e.g. --temperature 0]
 
 Loads the run as --resume does (RUN/args.json; the actor, extractor and bank of RUN/ckpt; the iteration it
 reached) and plays held-out instance N (game seed crl.EVAL_SEED0 + N; default 0) of TASK (default: the run's
