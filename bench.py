@@ -86,9 +86,9 @@ BENCH_CONFIG = dict(architectures=["Qwen3ForCausalLM"], vocab_size=32000, hidden
 
 
 def _checkpoint(path: str) -> str:
-    from model import Transformer
+    from small.tiny import tiny_model
     if not os.path.exists(os.path.join(path, "config.json")):
-        Transformer.tiny(seed=0, **BENCH_CONFIG).save_pretrained(path)
+        tiny_model(seed=0, **BENCH_CONFIG).save_pretrained(path)
     return path
 
 
@@ -159,11 +159,11 @@ def bench_generate(a):
     # constrained replies (the tiny actor's move words in bytes): jump-forward feeds forced bytes in chunks;
     # transformers' prefix_allowed_tokens_fn walks the same trie one sampled token at a time
     from hf import ByteTokenizer
-    from model import Constraint
+    from small.grammar import Constraint
     moves = ["north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest"]
     eos = V - 1
     c = Constraint([list(ByteTokenizer().encode(m)) + [eos] for m in moves])
-    trie = c.trie()
+    trie = c.trie
     short = prompts[:, :64]  # an actor turn's prompt is short: the reply's decode steps dominate
 
     def allowed_hf(b, ids):
@@ -325,18 +325,22 @@ def bench_writer_overhead(n=20000, d=384, readers=2, seconds=2.0, ops_per_job=3)
     t_end = time.perf_counter() + seconds
     i = 0
 
-    def job(i):  # what one distillation produces: a few adds and a merge of recent entries
+    # what one distillation produces, a few adds and a merge of recent entries, applied on the manager's thread
+    # (the manager hands a job's result back and applies nothing, so the job applies its own operations)
+    def job(i):
         ops = [Operation("add", "room", f"new {i}.{j}", key=pool[(i + j) % 512], source=i, step=i)
                for j in range(ops_per_job - 1)]
         ops.append(Operation("update", "room", f"merged {i}", ids=(n + 2 * i - 2, n + 2 * i - 1),
                              key=pool[i % 512], source=i, step=i))
         applied[0] += len(ops)
-        return ops
+        mgr.apply(ops)
+    jobs = []
     while time.perf_counter() < t_end:
-        mgr.submit(job, i)
+        jobs.append(mgr.submit(job, i))
         i += 1
         time.sleep(0.001)   # ~1000 distillations/s: far more than an extractor produces
-    mgr.flush()
+    for done in jobs:
+        done.result()
     stop.set()
     for t in threads:
         t.join()
@@ -424,8 +428,8 @@ def bench_env(a):
 def _env_phase(task, workers, episodes, steps):
     """Seconds to reset `episodes` games and step them `steps` times with seeded random valid actions, all at
     once as a rollout does (games made beforehand, not timed). An episode that ends is not stepped again."""
-    import crl
-    pool = crl.EnvPool(workers=workers)
+    import envs
+    pool = envs.EnvPool(workers=workers)
     games = [pool.take(task) for _ in range(episodes)]
     _, reset = _timed(lambda: pool.reset_all(games, list(range(episodes))))
     rng, playing, spent = random.Random(0), games, 0.0

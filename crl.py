@@ -2,11 +2,12 @@
 an experience extractor trained with CISPO on the measured utility of the lessons it writes into the bank.
 
 Read top to bottom, as the paper goes: the settings and the run state, the actor's prompts and `rollout`, the
-actor's objective, the extractor, one iteration (`train_step`) and `evaluate`. The machinery (policy updates in
-micro-batches, the chat template, the environment pool, the small models' grammars, metrics, random
-streams and collectives) sits together at the bottom. model.py supplies the decoder and the batched KV-cache
-generator, hf.py the tokenizers and the chat template's turn tokens, envs.py the games, bank.py the shared
-experience bank; train.py builds a `Run` and calls `train_step` / `evaluate` in a loop, under torchrun for DDP.
+actor's objective (split advantages, GRPO, `actor_update`), the extractor (distillation, credit, CISPO,
+`extractor_update`, the merge), one iteration (`train_step`) and `evaluate`; the metrics sit at the bottom.
+model.py supplies the decoder and the batched KV-cache generator, hf.py the tokenizers and the chat template,
+envs.py the games and their pool, bank.py the shared experience bank, parallel.py the micro-batched policy
+update, random streams and collectives, small/ what only the small models need (constrained replies, the
+tiny model, the presets); train.py builds a `Run` and calls `train_step` / `evaluate` in a loop.
 
 The paper (Muhtar et al., arXiv 2603.17621), piece by piece; METHOD.md sets each point beside the authors'
 release (github pUmpKin-Co/ComplementaryRL at ab2574f), which crl follows where the paper is silent:
@@ -42,7 +43,7 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 - the judge reads the task, the first view and the lesson, not the task's running score; an extractor reply's
   bad lines are skipped, not the whole reply; the bank's capacity is per task, not shared;
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
-  extractor writes through constrained operation heads (the small models' grammars below); on CPU
+  extractor writes through constrained operation heads (small/grammar.py); on CPU
   distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
 One option is ours alone, off by default: `--credit lift` credits a lesson with its episode's gain over the
 same instance played without experience (episode_lift).
@@ -52,23 +53,22 @@ authors' released code where the paper does not state it.
 """
 import dataclasses
 import functools
-import itertools
 import math
-import os
 import re
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 import envs
 import parallel
 from bank import BankConfig, Operation
-from hf import next_turn_tokens
-from model import Constraint, Session, generate, token_logprobs
+from hf import encode_chat, next_turn_tokens
+from model import Sampling, Session, generate
+from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
+                      world)
+from small.grammar import Constraint, heads_for
 
 
 MODES = ("crl", "grpo", "static", "exp-only")
@@ -119,16 +119,11 @@ class CRLConfig:
     lr: float = setting(1e-6, "actor learning rate (AdamW)", min=0)
     extractor_lr: float = setting(1e-6, "extractor learning rate (AdamW)", min=0)
     temperature: float = setting(1.0, "actor sampling temperature in training (0: greedy)", min=0)
-    eval_temperature: float | None = setting(None, "actor sampling temperature in evaluation (default none: "
-                                                   "--temperature)", min=0)
     top_p: float = setting(1.0, "nucleus sampling mass, actor and extractor", above=0, max=1)
     top_k: int = setting(0, "sample from the k likeliest tokens only (0: all)", min=0)
     clip: float = setting(0.2, "PPO clip epsilon of the actor's GRPO loss [release]", min=0)
     cispo_eps_low: float = setting(0.1, "CISPO importance-weight clip below 1 [release]", min=0)
     cispo_eps_high: float = setting(0.1, "CISPO importance-weight clip above 1 [release]", min=0)
-    loss_agg: str = setting("seq-mean-token-mean", "loss aggregation over tokens",
-                            choices=("seq-mean-token-mean", "token-mean"))
-    adv_std: bool = setting(False, "divide advantages by the subgroup's std (the authors only centre them)")
     split: bool = setting(True, "advantages within the with/without-experience halves of a group (PAPER §Actor "
                                 "objective: split advantage); --no-split: one group of all G, the ablation")
     grad_clip: float = setting(1.0, "gradient-norm clip", above=0)
@@ -209,8 +204,6 @@ class CRLConfig:
                                      "same in words")
 
     def __post_init__(self):
-        if self.eval_temperature is None:
-            self.eval_temperature = self.temperature
         self.max_steps, self.history = (None if v is None else str(v) for v in (self.max_steps, self.history))
         # parsed once (a bad value fails here, not mid-run); window() is read every turn of every episode
         self._steps, self._windows = per_task(self.max_steps, 1), per_task(self.history, 0)
@@ -250,7 +243,7 @@ class Run:
     extractor_tok: object
     extractor_opt: torch.optim.Optimizer | None
     manager: object | None
-    pool: "EnvPool | None" = None
+    pool: "envs.EnvPool | None" = None
     generations: dict = field(default_factory=dict)   # generation id -> Generation, awaiting its CISPO update
     generations_made: int = 0                         # on this rank: the next generation id's counter
     step: int = 0                                     # the iteration under way (the re-rank's recency clock)
@@ -262,7 +255,7 @@ class Run:
             workers = self.cfg.env_workers
             if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps: 138 s serial, 75 s in 2 workers
                 workers = cores_per_rank() if "alfworld" in self.tasks else 0
-            self.pool = EnvPool(self.cfg.show_map, self.cfg.steps, workers)
+            self.pool = envs.EnvPool(self.cfg.show_map, self.cfg.steps, workers)
 
 # ---------------------------------------------------------------------------------------------------------
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
@@ -632,56 +625,54 @@ def lesson_credit(score: float, verdict: str | None, zero_is_failure: bool = Tru
     return -1.0 if zero_is_failure and value == 0 else value
 
 # ---------------------------------------------------------------------------------------------------------
-# The objectives (PAPER §Actor objective, §Extractor objective): GRPO on split advantages for the actor,
-# CISPO for the extractor
+# The actor's objective (PAPER §Actor objective): GRPO on split advantages
 
-def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch.Tensor, std: bool = False
-                     ) -> torch.Tensor:
+def split_advantages(rewards: torch.Tensor, group: torch.Tensor, with_exp: torch.Tensor) -> torch.Tensor:
     """A_i = R_i - mean(R) within each (group, with/without experience) subgroup (PAPER §Actor objective: split
-    advantage; [release] no division by the std unless `std`). Keeps a learning signal for experience-free play."""
+    advantage; [release] no division by the std). Keeps a learning signal for experience-free play."""
     rewards = rewards.double()
     adv = torch.zeros_like(rewards)
     sub = group.long() * 2 + with_exp.long()
     for key in sub.unique():
         idx = sub == key
         adv[idx] = rewards[idx] - rewards[idx].mean()
-        if std and idx.sum() > 1:
-            adv[idx] = adv[idx] / (rewards[idx].std() + 1e-6)
     return adv.float()
 
 
-def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, agg: str = "seq-mean-token-mean", **denoms):
+def grpo_loss(logp, old_logp, adv, mask, clip: float = 0.2, **denoms):
     """-min(r A, clip(r, 1-eps, 1+eps) A) per token, r = pi/pi_old: PPO-clip with no KL and no entropy
     (PAPER §Actor objective [release]). logp/old_logp/mask [B,T], adv [B]. A clipped token has no gradient."""
     r = torch.exp(logp - old_logp)
     a = adv[:, None]
     per_token = -torch.minimum(r * a, r.clamp(1 - clip, 1 + clip) * a)
-    return aggregate(per_token, mask, agg, **denoms)
+    return aggregate(per_token, mask, **denoms)
 
 
-def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1,
-               agg: str = "seq-mean-token-mean", **denoms):
-    """CISPO (MiniMax-M1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi. The importance weight is
-    clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [release])."""
-    weight = torch.exp(logp - old_logp).clamp(1 - eps_low, 1 + eps_high).detach()
-    per_token = -weight * adv[:, None] * logp
-    return aggregate(per_token, mask, agg, **denoms)
+def actor_update(run, eps: list[Episode]) -> dict:
+    """The actor's GRPO step on split advantages; a windowed episode's segments share its advantage."""
+    cfg = run.cfg
+    adv = split_advantages(torch.tensor([e.reward for e in eps]), torch.tensor([e.group for e in eps]),
+                           torch.tensor([e.with_exp and cfg.split for e in eps]))
+    segments = [s for e in eps for s in e.segments]
+    seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
+    t0 = time.perf_counter()
+    update = Update(run.actor, run.actor_opt, functools.partial(grpo_loss, clip=cfg.clip),
+                    (1 - cfg.clip, 1 + cfg.clip), Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.minibatches)
+    stats = policy_update(run, update, segments, seg_adv)
+    run.timer["update"] = time.perf_counter() - t0
+    return {f"actor/{k}": v for k, v in stats.items()}
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, num_seqs: float | None = None,
-              num_tokens: float | None = None, seq_tokens: torch.Tensor | None = None) -> torch.Tensor:
-    """seq-mean-token-mean: mean over each sequence's tokens, then over sequences; token-mean: over all
-    tokens. The denominators may be given (global counts), so micro-batches and DDP ranks sum exactly; a
-    row may be one piece of a longer sequence (an episode split into windows), divided by that sequence's
-    token count `seq_tokens` and counted as its share in `num_seqs`."""
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, num_seqs: float | None = None,
+              seq_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """seq-mean-token-mean [release]: the mean over each sequence's tokens, then over sequences. The number of
+    sequences may be given (a global count), so micro-batches and DDP ranks sum exactly; a row may be one
+    piece of a longer sequence (an episode split into windows), divided by that sequence's token count
+    `seq_tokens` and counted as its share in `num_seqs`."""
     mask = mask.to(per_token.dtype)
-    if agg == "seq-mean-token-mean":
-        denom = seq_tokens if seq_tokens is not None else mask.sum(-1).clamp(min=1)
-        per_seq = (per_token * mask).sum(-1) / denom
-        return per_seq.sum() / (num_seqs if num_seqs is not None else max(per_token.shape[0], 1))
-    if agg == "token-mean":
-        return (per_token * mask).sum() / (num_tokens if num_tokens is not None else mask.sum().clamp(min=1))
-    raise ValueError(f"unknown loss aggregation {agg!r}; use seq-mean-token-mean or token-mean")
+    denom = seq_tokens if seq_tokens is not None else mask.sum(-1).clamp(min=1)
+    per_seq = (per_token * mask).sum(-1) / denom
+    return per_seq.sum() / (num_seqs if num_seqs is not None else max(per_token.shape[0], 1))
 
 # ---------------------------------------------------------------------------------------------------------
 # The experience extractor (PAPER §Experience bank, §Extractor objective): it distils finished episodes
@@ -889,32 +880,41 @@ def episode_lift(eps: list[Episode]) -> list[float]:
             for e in eps]
 
 
+def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1, **denoms):
+    """CISPO (MiniMax-M1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi. The importance weight is
+    clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [release])."""
+    weight = torch.exp(logp - old_logp).clamp(1 - eps_low, 1 + eps_high).detach()
+    per_token = -weight * adv[:, None] * logp
+    return aggregate(per_token, mask, **denoms)
+
+
 def extractor_update(run) -> dict:
     """Once enough generations have rewards (over all ranks), one CISPO step with A = reward - batch mean. A
     trained generation stays: when its lesson is used again it returns with the mean of its new credits
-    [release]."""
-    cfg = run.cfg
+    [release]. The oldest unrewarded generations beyond max_generations are dropped."""
+    cfg, stats = run.cfg, {}
     ready = [g for g in run.generations.values() if g.credits]
     total = all_reduce_sum(len(ready))
-    if total < cfg.extractor_batch:
-        return {}
-    rewards = [sum(g.credits) / len(g.credits) for g in ready]
-    mean = all_reduce_sum(sum(rewards)) / total
-    segments = []
-    for g in ready:
-        s = Segment()
-        s.extend(g.prompt)
-        s.extend(g.tokens, True, g.logprobs, g.allowed)
-        segments.append(s)
-    t0 = time.perf_counter()
-    loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high, agg=cfg.loss_agg)
-    stats = policy_update(run, run.extractor, run.extractor_opt, segments, [r - mean for r in rewards], loss,
-                          (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high), cfg.extractor_temperature)
-    run.timer["extractor_update"] += time.perf_counter() - t0
-    for g in ready:
-        g.credits = []
-    stats["reward"] = mean
-    stats["generations"] = total
+    if total >= cfg.extractor_batch:
+        rewards = [sum(g.credits) / len(g.credits) for g in ready]
+        mean = all_reduce_sum(sum(rewards)) / total
+        segments = []
+        for g in ready:
+            s = Segment()
+            s.extend(g.prompt)
+            s.extend(g.tokens, True, g.logprobs, g.allowed)
+            segments.append(s)
+        t0 = time.perf_counter()
+        loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high)
+        update = Update(run.extractor, run.extractor_opt, loss, (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high),
+                        Sampling(cfg.extractor_temperature, cfg.top_k, cfg.top_p))
+        stats = policy_update(run, update, segments, [r - mean for r in rewards])
+        run.timer["extractor_update"] += time.perf_counter() - t0
+        for g in ready:
+            g.credits = []
+        stats.update(reward=mean, generations=total)
+    for old in sorted(run.generations)[:max(0, len(run.generations) - cfg.max_generations)]:
+        del run.generations[old]
     return stats
 
 
@@ -1020,8 +1020,8 @@ def train_step(run, step: int) -> dict:
         metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
     if distilling is not None:
         apply_everywhere(run, distilling.result())         # every rank's lessons, in rank order
-    if cfg.trains_extractor and trains:
-        metrics.update(extractor_step(run))                # 6. CISPO on the generations judged so far
+    if cfg.trains_extractor and trains:                     # 6. CISPO on the generations judged so far
+        metrics.update({f"extractor/{k}": v for k, v in extractor_update(run).items()})
     if cfg.uses_bank and cfg.merge_every and (step + 1) % cfg.merge_every == 0:
         t0 = time.perf_counter()
         with parallel.full_weights(run, actor=False):
@@ -1067,30 +1067,6 @@ def distill_episodes(run, eps: list[Episode], step: int, rng) -> "parallel.Disti
             by_group.setdefault(e.group, []).append(e)
         chosen = [e for g in sorted(by_group) for e in distill_choice(by_group[g], run.cfg.distill_per_group)]
     return parallel.Distillation(run, distill, chosen, step, rng)
-
-
-def actor_update(run, eps: list[Episode]) -> dict:
-    """The actor's GRPO step on split advantages; a windowed episode's segments share its advantage."""
-    cfg = run.cfg
-    adv = split_advantages(torch.tensor([e.reward for e in eps]), torch.tensor([e.group for e in eps]),
-                           torch.tensor([e.with_exp and cfg.split for e in eps]), cfg.adv_std)
-    segments = [s for e in eps for s in e.segments]
-    seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
-    t0 = time.perf_counter()
-    loss = functools.partial(grpo_loss, clip=cfg.clip, agg=cfg.loss_agg)
-    stats = policy_update(run, run.actor, run.actor_opt, segments, seg_adv, loss, (1 - cfg.clip, 1 + cfg.clip),
-                          cfg.temperature, cfg.minibatches)
-    run.timer["update"] = time.perf_counter() - t0
-    return {f"actor/{k}": v for k, v in stats.items()}
-
-
-def extractor_step(run) -> dict:
-    """The extractor's CISPO update once enough generations are rewarded; the oldest unrewarded ones beyond
-    max_generations are dropped."""
-    stats = {f"extractor/{k}": v for k, v in extractor_update(run).items()}
-    for old in sorted(run.generations)[:max(0, len(run.generations) - run.cfg.max_generations)]:
-        del run.generations[old]
-    return stats
 
 
 def evaluate(run, tasks: list[str], episodes: int) -> dict:
@@ -1147,211 +1123,14 @@ def play_held_out(run, specs: list[tuple], noise_step: int) -> list[Episode]:
     eps, n = [], run.cfg.eval_batch
     with parallel.full_weights(run):
         for i in range(0, len(specs), n):
-            eps += rollout(run, specs[i:i + n], rng, run.cfg.eval_temperature, train=False)
+            eps += rollout(run, specs[i:i + n], rng, run.cfg.temperature, train=False)
     run.timer = timer
     return eps
 
 
 # =========================================================================================================
-# Machinery: what the method needs to run, kept out of the reader's way
+# Metrics, kept out of the reader's way (the update's micro-batches and collectives: parallel.py)
 # =========================================================================================================
-
-# ---------------------------------------------------------------------------------------------------------
-# Policy updates: micro-batches, global denominators, gradient clipping
-
-def pad_segments(segments: list[Segment], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded [B, T] tokens, actor-token mask and sampler log-probs."""
-    T = max(len(s.tokens) for s in segments)
-    tokens = torch.zeros(len(segments), T, dtype=torch.long)
-    mask = torch.zeros(len(segments), T, dtype=torch.bool)
-    old = torch.zeros(len(segments), T)
-    for b, s in enumerate(segments):
-        tokens[b, :len(s.tokens)] = torch.tensor(s.tokens)
-        mask[b, :len(s.mask)] = torch.tensor(s.mask)
-        old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
-    mask[:, 0] = False   # the first token has no prediction
-    return tokens.to(device), mask.to(device), old.to(device)
-
-
-def policy_update(run, model, opt, segments: list[Segment], advantages: list[float], loss_fn, clip_range: tuple,
-                  temperature: float, minibatches: int = 1) -> dict:
-    """One epoch over the batch in `minibatches` optimizer steps (PPO mini-batches: after the first step the
-    ratio leaves 1 and the clip starts to matter). `loss_fn(logp, old_logp, adv, mask, **denominators)` is the
-    objective (grpo_loss or cispo_loss with its settings bound); `clip_range` the ratio band its clip fraction
-    counts outside. Returns the steps' mean statistics."""
-    steps = []
-    for k in range(minibatches):
-        idx = list(range(k, len(segments), minibatches))
-        steps.append(optimizer_step(run, model, opt, [segments[j] for j in idx], [advantages[j] for j in idx],
-                                    loss_fn, clip_range, temperature))
-    out = {key: sum(s.get(key, 0.0) for s in steps) / len(steps) for key in steps[0] if key != "grad_norm"}
-    out["skipped"] = sum(s["skipped"] for s in steps)
-    out["trained_seqs"] = sum(s["trained_seqs"] for s in steps)
-    norms = [s["grad_norm"] for s in steps if "grad_norm" in s]
-    if norms:
-        out["grad_norm"] = sum(norms) / len(norms)
-    return out
-
-
-def optimizer_step(run, model, opt, segments: list[Segment], advantages: list[float], loss_fn, clip_range: tuple,
-                   temperature: float) -> dict:
-    """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
-    micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
-    denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)),
-                  num_tokens=all_reduce_sum(sum(sum(s.mask) for s in segments)))
-    # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
-    # denominators above still count it, so the update is exactly the same)
-    trained = [j for j in range(len(segments)) if advantages[j] != 0.0 and any(segments[j].mask[1:])]
-    if all_reduce_sum(len(trained)) == 0:
-        return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
-    opt.zero_grad(set_to_none=True)
-    sums = backward_micro_batches(run, model, [segments[j] for j in trained], [advantages[j] for j in trained],
-                                  loss_fn, clip_range, temperature, denoms)
-    if not parallel.is_sharded(model):   # FSDP has reduce-scattered them already
-        all_reduce_grads(model)
-    loss = all_reduce_sum(sums["loss"])
-    tokens = max(all_reduce_sum(sums["tokens"]), 1.0)
-    out = {"loss": loss, "ratio": all_reduce_sum(sums["ratio"]) / tokens,
-           "clipfrac": all_reduce_sum(sums["clipfrac"]) / tokens, "skipped": 0,
-           "trained_seqs": all_reduce_sum(len(trained))}
-    return {**out, **clip_and_step(run, model, opt, loss)}
-
-
-def backward_micro_batches(run, model, segments: list[Segment], advantages: list[float], loss_fn, clip_range: tuple,
-                           temperature: float, denoms: dict) -> dict:
-    """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate.
-    Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
-    cfg, (lo, hi) = run.cfg, clip_range
-    sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
-    batches = micro_batches([len(s.tokens) for s in segments], cfg.micro_batch, cfg.micro_tokens)
-    device = next(model.parameters()).device
-    parallel.match_microbatches(model, len(batches))
-    for idx in batches:
-        batch = [segments[j] for j in idx]
-        tokens, mask, old = pad_segments(batch, device)
-        adv = torch.tensor([advantages[j] for j in idx], device=device)
-        seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
-        with parallel.autocast(model):
-            logp = token_logprobs(model, tokens, mask, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                  allowed=[s.allowed for s in batch])
-        loss = loss_fn(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
-        loss.backward()
-        with torch.no_grad():
-            ratio = torch.exp(logp - old)[mask]
-            sums["loss"] += loss.item()
-            sums["ratio"] += ratio.sum().item()
-            sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
-            sums["tokens"] += ratio.numel()
-    return sums
-
-
-def micro_batches(lengths: list[int], size: int, tokens: int | None) -> list[list[int]]:
-    """Indices in micro-batches of similar lengths (shortest first): at most `size` sequences, and at most
-    `tokens` once padded to the longest (a longer sequence goes alone)."""
-    out = []
-    for j in sorted(range(len(lengths)), key=lambda j: lengths[j]):
-        if not out or len(out[-1]) == size or (tokens and (len(out[-1]) + 1) * lengths[j] > tokens):
-            out.append([])
-        out[-1].append(j)
-    return out
-
-
-def clip_and_step(run, model, opt, loss: float) -> dict:
-    """Clip the summed gradient's norm and step, unless the loss or the gradient is not finite (then the
-    update is skipped, identically on every rank after the reduce)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.cfg.grad_clip)
-    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
-        warnings.warn(f"non-finite loss or gradient (loss={loss}); update skipped")
-        opt.zero_grad(set_to_none=True)
-        return {"skipped": 1}
-    opt.step()
-    return {"grad_norm": float(grad_norm)}
-
-# ---------------------------------------------------------------------------------------------------------
-# Chat templates: a conversation rendered once; hf.next_turn_tokens extends it turn by turn without
-# re-tokenising it
-
-def encode_chat(tok, messages: list[dict], generation_prompt: bool = True) -> list[int]:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    return tok.encode(text, add_special_tokens=False)
-
-# ---------------------------------------------------------------------------------------------------------
-# Environments, reused across iterations
-
-class EnvPool:
-    """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
-    ALFWorld games and WebShop goals from their held-out splits (envs.HELD_OUT), training from train."""
-
-    def __init__(self, show_map: bool = True, steps=envs.task_steps, workers: int = 0):
-        self.free: dict[tuple, list] = {}
-        self.show_map, self.steps = show_map, steps   # steps(task): its actions per episode
-        self.workers = envs.GameWorkers(workers) if workers else None
-
-    def take(self, task, train=True):
-        key = (task, train)
-        if self.free.get(key):
-            return self.free[key].pop()
-        kw = dict(max_steps=self.steps(task))
-        if task in envs.HELD_OUT:
-            kw["split"] = "train" if train else envs.HELD_OUT[task]
-        if task in envs.MINIHACK:
-            kw["show_map"] = self.show_map
-        return self.workers.make(task, **kw) if self.workers else envs.make(task, **kw)
-
-    def give(self, task, train, env):
-        self.free.setdefault((task, train), []).append(env)
-
-    def reset_all(self, games: list, seeds: list) -> list[str]:
-        if self.workers:
-            return self.workers.call("reset", games, seeds)
-        return [game.reset(seed=seed) for game, seed in zip(games, seeds)]
-
-    def step_all(self, games: list, replies: list[str]) -> list[tuple]:
-        if self.workers:
-            return self.workers.call("step", games, replies)
-        return [game.step(reply) for game, reply in zip(games, replies)]
-
-# ---------------------------------------------------------------------------------------------------------
-# The small models' grammars: a constrained extractor's operation heads and lesson plans
-
-@functools.lru_cache(maxsize=64)   # the lesson grammar's constraint is thousands of strings: build it once
-def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = (), none: bool = True) -> Constraint:
-    """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
-    `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply."""
-    heads = [] if merge else ["ADD: "]
-    if shown:
-        heads.append("UPDATE " + ",".join(str(i + 1) for i in range(shown)) + ": ")
-    none = ["NONE"] if none or not heads else []
-    if plans:   # each string and the end of the reply
-        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + none)
-    completions = [tok.encode(h, add_special_tokens=False) for h in heads]
-    completions += [tok.encode(n, add_special_tokens=False) + [tok.eos_token_id] for n in none]
-    return Constraint(completions, free_after=True)
-
-
-@functools.lru_cache(maxsize=16)
-def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
-    """The lesson grammar: every plan of 1..n of the env's own action words, `southeast east`."""
-    return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
-
-
-def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
-    if run.cfg.extractor_free_text:
-        return None
-    none = merge or run.cfg.extractor_none     # a merge may always leave its lessons as they are
-    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), none) for n, task in zip(shown, tasks)]
-
-
-def task_plans(run, task: str) -> tuple[str, ...]:
-    """The lesson grammar of `task` (empty without cfg.lesson_moves), from one of its envs' actions."""
-    if not run.cfg.lesson_moves:
-        return ()
-    env = run.pool.take(task)
-    run.pool.give(task, True, env)
-    return lesson_plans(tuple(env.actions), run.cfg.lesson_moves)
-
-# ---------------------------------------------------------------------------------------------------------
-# Metrics
 
 def success_metrics(eps: list[Episode], prefix: str) -> dict:
     """Success rate and mean reward (WebShop's is fractional) with and without experience per task, summed
@@ -1405,75 +1184,3 @@ def episode_metrics(run, eps: list[Episode]) -> dict:
         "bank_size": len(run.manager.bank) if run.manager is not None else 0,
         **{f"time/{k}": v for k, v in run.timer.items()},
     }
-
-# ---------------------------------------------------------------------------------------------------------
-# Random streams and the collectives DDP needs (each a no-op in a single process)
-
-def seeded_generator(device, *parts: int) -> torch.Generator:
-    """A torch RNG on `device` determined by integers (seed, step, rank, purpose): a resumed run replays the
-    same samples."""
-    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def cores_per_rank() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-
-
-def world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def rank() -> int:
-    return dist.get_rank() if world() > 1 else 0
-
-
-def gather_objects(obj) -> list:
-    """Every rank's `obj`, in rank order, on every rank."""
-    if world() == 1:
-        return [obj]
-    out = [None] * world()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _comm_device():
-    """nccl reduces CUDA tensors only; gloo takes CPU tensors."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def all_reduce_sum(x: float) -> float:
-    if world() == 1:
-        return x
-    t = torch.tensor([float(x)], dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t)
-    return float(t.item())
-
-
-def all_reduce_grads(model, bucket_numel: int = 1 << 25):
-    """Sum gradients over ranks (the losses are already divided by global counts), a few flat buckets at a
-    time so a large model makes few collective calls without doubling its gradient memory.
-
-    By hand rather than with a DistributedDataParallel wrapper: ranks run different numbers of micro-batch
-    backward passes (zero-advantage sequences are skipped, a rank may have none), which DDP's per-backward
-    reduction cannot match across ranks, and the same model also generates through its KV cache, which a
-    wrapper would have to be bypassed for. One reduction after the last backward needs neither."""
-    if world() == 1:
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    bucket = []
-    for i, p in enumerate(params):   # same parameter order on every rank, so the buckets line up
-        bucket.append(p.grad)
-        last = i == len(params) - 1
-        if last or sum(g.numel() for g in bucket) >= bucket_numel or params[i + 1].grad.dtype != p.grad.dtype:
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat)
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-            bucket = []

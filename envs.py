@@ -803,6 +803,42 @@ def make(task: str, seed=None, **kwargs):
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
 
 
+# ------------------------------------------------------------------------------------------- the pool
+
+class EnvPool:
+    """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
+    ALFWorld games and WebShop goals from their held-out splits (HELD_OUT), training from train."""
+
+    def __init__(self, show_map: bool = True, steps=task_steps, workers: int = 0):
+        self.free: dict[tuple, list] = {}
+        self.show_map, self.steps = show_map, steps   # steps(task): its actions per episode
+        self.workers = GameWorkers(workers) if workers else None
+
+    def take(self, task, train=True):
+        key = (task, train)
+        if self.free.get(key):
+            return self.free[key].pop()
+        kw = dict(max_steps=self.steps(task))
+        if task in HELD_OUT:
+            kw["split"] = "train" if train else HELD_OUT[task]
+        if task in MINIHACK:
+            kw["show_map"] = self.show_map
+        return self.workers.make(task, **kw) if self.workers else make(task, **kw)
+
+    def give(self, task, train, env):
+        self.free.setdefault((task, train), []).append(env)
+
+    def reset_all(self, games: list, seeds: list) -> list[str]:
+        if self.workers:
+            return self.workers.call("reset", games, seeds)
+        return [game.reset(seed=seed) for game, seed in zip(games, seeds)]
+
+    def step_all(self, games: list, replies: list[str]) -> list[tuple]:
+        if self.workers:
+            return self.workers.call("step", games, replies)
+        return [game.step(reply) for game, reply in zip(games, replies)]
+
+
 # ------------------------------------------------------------------------------------------ worker processes
 
 class GameWorkers:

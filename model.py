@@ -8,13 +8,13 @@ in hf.py (config.json, safetensors read and write, the packaged GGUF conversion,
 Around the decoder:
   - `Session` + `generate`: batched sampling over a KV cache written in place. A Session keeps live multi-turn
     conversations (one cache row each) so every turn prefills only its new tokens.
-  - `Constraint`: per-row allowed completions (a token trie) that mask the logits while sampling; tokens
-    the trie forces are appended without a sampling step (jump-forward).
+  - constraints (small/grammar.py): a row's reply may be masked to allowed completions; the ids each step
+    allowed are recorded here, and tokens a constraint forces are appended without a sampling step.
   - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
     top-p and constraint masks), chunked over the vocabulary projection.
 The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from kernels/, which
 runs Triton on CUDA (where Triton is installed) and plain torch elsewhere. crl.py (rollouts, losses) and
-bank.py (the decoder embedder) are the callers.
+hf.py (the decoder embedder) are the callers.
 """
 import math
 from dataclasses import dataclass
@@ -250,38 +250,6 @@ class Transformer(nn.Module):
 
     # --- construction, loading, saving ---
 
-    def init_weights(self, seed: int = 0, std: float = 0.02, head_std: float | None = None):
-        """HF-style random init: normal(0, std) matrices and embeddings, zero biases, unit norms; an untied
-        lm_head takes head_std (default: std)."""
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("bias"):
-                    p.zero_()
-                elif p.dim() == 1:
-                    p.fill_(1.0)
-                else:
-                    s = head_std if name == "lm_head.weight" and head_std is not None else std
-                    p.copy_(torch.randn(p.shape, generator=g) * s)
-        return self
-
-    @classmethod
-    def tiny(cls, seed: int = 0, **overrides) -> "Transformer":
-        """The CPU preset: a ~1M-parameter Qwen3 for the byte tokenizer. `overrides` are config.json keys.
-
-        It is trained from scratch by RL, so its init is chosen for that: weights scaled to the width
-        (1/sqrt(hidden); HF's 0.02 suits ~2.5k-wide models, and at 128 wide the policy was still blind to
-        its observation after 100 RL iterations on room), and an untied lm_head started near zero so the
-        first policy is near uniform over the allowed tokens (as PPO starts its policy head)."""
-        tok = ByteTokenizer()
-        d = dict(architectures=["Qwen3ForCausalLM"], vocab_size=len(tok), hidden_size=128,
-                 intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=32, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0,
-                 tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                 bos_token_id=None)
-        d.update(overrides)
-        return cls(ModelConfig.from_hf(d)).init_weights(seed, std=d["hidden_size"] ** -0.5, head_std=0.002)
-
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None) -> "Transformer":
         """A HF checkpoint directory (config.json + model.safetensors, or shards listed in
@@ -400,53 +368,6 @@ class Sample:
     logprobs: list[float]             # log-prob of each token under the distribution it was sampled from
     finish_reason: str                # "stop" | "length"
     allowed: list                     # per token: the allowed ids if a constraint masked that step, else None
-
-
-_END = -1  # trie key marking "a completion ends here" (token ids are >= 0)
-
-
-@dataclass
-class Constraint:
-    completions: list[list[int]]      # allowed token sequences (canonical tokenisation of each string)
-    free_after: bool = False          # False: the reply is exactly one completion; True: a completion is a head,
-                                      # after which generation continues unconstrained (normal stop rules)
-
-    @classmethod
-    def from_strings(cls, tokenizer, strings, free_after=False, end=True) -> "Constraint":
-        """end=True appends the tokenizer's EOS to each completion (only when free_after is False), so the
-        reply ends with the stop token and a completion that prefixes another ("n" vs "ne") stays reachable."""
-        comps = []
-        for s in strings:
-            ids = list(tokenizer.encode(s, add_special_tokens=False))
-            if end and not free_after:
-                ids.append(tokenizer.eos_token_id)
-            comps.append(ids)
-        return cls(comps, free_after)
-
-    @property
-    def longest(self) -> int:
-        """Tokens of the longest whole reply it allows (0 when free text follows a head)."""
-        return 0 if self.free_after else max(map(len, self.completions))
-
-    @staticmethod
-    def budget(max_new_tokens: int, constraint: list | None) -> int:
-        """max_new_tokens, raised to the longest whole reply any of these constraints allows: a smaller
-        budget would cut a valid reply."""
-        return max([max_new_tokens] + [c.longest for c in constraint or () if c is not None])
-
-    def trie(self) -> dict:
-        """Nested dicts token -> child; key _END marks a complete completion. Reaching a complete completion
-        ends the constraint (free_after) or the reply, even if a longer completion continues it: use end=True
-        when completions prefix each other."""
-        if not self.completions or any(len(c) == 0 for c in self.completions):
-            raise ValueError("Constraint needs at least one completion and no empty completion")
-        root = {}
-        for comp in self.completions:
-            node = root
-            for t in comp:
-                node = node.setdefault(int(t), {})
-            node[_END] = True
-        return root
 
 
 @dataclass
@@ -581,25 +502,25 @@ class Session:
 
 
 class _Reply:
-    """One reply being generated: its Sample so far, its cache row, its place in its constraint's trie (None
-    while unconstrained) and its tokens not fed to the model yet (the last sampled one and any forced after)."""
+    """One reply being generated: its Sample so far, its cache row, its constraint's cursor (None while
+    unconstrained) and its tokens not fed to the model yet (the last sampled one and any forced after)."""
 
-    def __init__(self, row: int, constraint: Constraint | None, trie: dict | None):
+    def __init__(self, row: int, constraint):
         self.sample = Sample([], [], "length", [])
-        self.row, self.node, self.unfed = row, trie, []
+        self.row, self.unfed = row, []
+        self.cursor = constraint.start() if constraint is not None else None
         self.free_after = constraint is not None and constraint.free_after
 
     def choices(self) -> list[int] | None:
         """The ids the constraint allows next; None when unconstrained."""
-        return None if self.node is None else [t for t in self.node if t != _END]
+        return None if self.cursor is None else self.cursor.choices()
 
     def take(self, token: int, logprob: float, allowed, stops: _Stops, max_new_tokens: int) -> bool:
         """Append a sampled token and any the constraint forces after it; True while the reply goes on."""
         self.unfed = []
-        constrained = self.node is not None
         self._append(token, logprob, allowed)
-        if constrained:
-            self.node = self.node[token]
+        if self.cursor is not None:
+            self.cursor.advance(token)
             self._jump_forward(max_new_tokens)
             done = self._completion_ends_reply()
         else:
@@ -617,15 +538,15 @@ class _Reply:
     def _jump_forward(self, max_new_tokens):
         """A token the constraint forces is appended without a sampling step (its log-prob under the masked
         distribution is exactly 0) and fed with the sampled one in one chunk."""
-        while _END not in self.node and len(self.node) == 1 and len(self.sample.tokens) < max_new_tokens:
-            (token, self.node), = self.node.items()
+        while (token := self.cursor.forced()) is not None and len(self.sample.tokens) < max_new_tokens:
+            self.cursor.advance(token)
             self._append(token, 0.0, [token])
 
     def _completion_ends_reply(self) -> bool:
         """At a complete completion the constraint is over; it ends the reply unless the constraint is a head."""
-        if _END not in self.node:
+        if not self.cursor.complete:
             return False
-        self.node = None
+        self.cursor = None
         return not self.free_after
 
 
@@ -649,13 +570,13 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
     if not prompts:
         return []
     stops = _Stops.parse(model.config, stop, tokenizer)
-    tries = _tries(constraint, len(prompts))
+    constraint = _constraints(constraint, len(prompts))
     _check_token_ids(prompts, model.config.vocab_size)
     if generator is None and seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(seed)
     session, rows = _session_rows(model, session, rows, prompts, max_new_tokens)
+    replies = [_Reply(r, c) for r, c in zip(rows, constraint)]
     logits = session.prefill(rows, session.begin_turn(rows, prompts, max_new_tokens))
-    replies = [_Reply(r, c, t) for r, c, t in zip(rows, constraint or [None] * len(prompts), tries)]
     live = replies                                    # in the order of the rows of `logits`
     while live:
         tokens, logprobs, allowed = _sample_next(logits, live, sampling, generator)
@@ -677,14 +598,13 @@ def _sample_next(logits: torch.Tensor, replies: list[_Reply], sampling: Sampling
     return tokens.tolist(), logprobs.tolist(), allowed
 
 
-def _tries(constraint: list | None, n: int) -> list[dict | None]:
-    """One trie per prompt (None: unconstrained), built once per distinct Constraint."""
+def _constraints(constraint: list | None, n: int) -> list:
+    """One constraint per prompt (None: unconstrained); see small/grammar.py for the protocol."""
     if constraint is None:
         return [None] * n
     if len(constraint) != n:
         raise ValueError(f"constraint must have one entry per prompt ({n}), got {len(constraint)}")
-    tries = {id(c): c.trie() for c in constraint if c is not None}
-    return [tries[id(c)] if c is not None else None for c in constraint]
+    return list(constraint)
 
 
 def _check_token_ids(prompts: list[list[int]], V: int):

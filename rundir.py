@@ -4,6 +4,7 @@ process on the same OUT loses nothing, and read back so that a damaged file is o
     OUT/lock            the pid of the process training in OUT: one at a time
     OUT/args.json       the run's flags, written once its models have loaded
     OUT/metrics.jsonl   a line an iteration; OUT/bank.jsonl a line an evaluation
+    OUT/curve.png       success against iteration, redrawn as the run goes (`draw_curve`)
     OUT/ckpt/           the latest checkpoint: both models as HF directories, the bank, the trainer state
     OUT/ckpt.old/       the one before it, the fallback while the run goes on
     OUT/final.json      the final evaluation
@@ -377,3 +378,33 @@ def drop_fallback(out: str):
             return
         shutil.rmtree(old, ignore_errors=True)
 
+
+def draw_curve(out: str):
+    """Success vs iteration per task, with and without experience: held-out evaluation (bold, markers) and
+    training rollouts (thin, a moving average over 5 iterations: one iteration's groups are few and noisy)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    series = sorted({k.split("/", 1)[1] for r in rows for k in r if "/success_" in k})   # e.g. room/success_exp
+    if not series:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4, series):
+        train = [(r["step"], r["train/" + name]) for r in rows if "train/" + name in r]
+        if train:
+            steps, values = zip(*train)
+            smooth = [sum(values[max(0, i - 4):i + 1]) / len(values[max(0, i - 4):i + 1]) for i in range(len(values))]
+            ax.plot(steps, smooth, color=color, lw=1, alpha=0.6, label=f"train {name} (avg 5)")
+        evals = [(r["step"], r["eval/" + name]) for r in rows if "eval/" + name in r]
+        if evals:
+            ax.plot(*zip(*evals), color=color, lw=2, marker="o", ms=4, label=f"eval {name}")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "curve.png.tmp"), format="png", dpi=100)
+    plt.close(fig)
+    os.replace(os.path.join(out, "curve.png.tmp"), os.path.join(out, "curve.png"))

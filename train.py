@@ -9,7 +9,8 @@ crl.py).
 
 Settings have one home each: a field of `RunConfig` below (what to train, where, how often to evaluate and
 save) or of `crl.CRLConfig` (the algorithm, the bank's settings included), with its help and range. The
-command line is generated from those fields; the TINY preset overrides some where a flag is not given.
+command line is generated from those fields; the presets (small/presets.py) override some where a flag is not
+given.
 """
 import argparse
 import dataclasses
@@ -17,7 +18,6 @@ import gc
 import json
 import math
 import os
-import random
 import sys
 import time
 import typing
@@ -36,10 +36,12 @@ import crl
 import envs
 import parallel
 import rundir
-from bank import Embedder, ExperienceBank, ExperienceManager
+from bank import ExperienceBank, ExperienceManager
 from crl import setting
-from hf import PACKAGED, checkpoint_dir, load_tokenizer
+from hf import PACKAGED, Embedder, checkpoint_dir, load_tokenizer
 from model import Transformer
+from small.tiny import tiny_model
+from small.presets import PRESETS, teach_lessons
 
 
 @dataclass
@@ -85,39 +87,7 @@ class RunConfig:
                                      "(0: none)", min=0)
 
 
-# Presets: settings that differ from the defaults above and in crl.CRLConfig (the authors' setup for real
-# checkpoints), applied where the command line does not set them, chosen by the model named. TINY (--actor tiny)
-# is sized for a 2-core CPU: about 5 s an iteration, under 30 minutes a run.
-TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, warmup=2, free_text=False, history=0, max_reply_tokens=16,
-            max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
-            extractor_batch=32, micro_batch=16, eval_every=30, iters=270, instructions=False, show_map=False,
-            max_steps="room=10,maze=10", judge="none")   # a model trained from scratch never learns to judge: no verdict is trained
-TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
-# SMOLLM2 (--actor smollm2, the 135M instruct model), each value measured on a 2-core CPU (results/smollm2/): the
-# lesson as a tip opening the first user turn, without the task text (followed 0.51 of the time against 0.18 at
-# the end of the system prompt; chance 0.125), replies constrained to the actions, lr 1e-5 (tuned on the GRPO
-# baseline's training success; 1e-4 collapsed), bf16 compute, a budget a CPU grid cell can afford, and 64
-# evaluation episodes at once (256 peaked at 20 GB and were killed inside a trained run; 64: 7 GB, and faster).
-# No judgement of lessons (probes/judge.py, 32 held-out room starts and 32 vaults): constrained to accept/reject it
-# accepts 0.02-0.04 of lessons, right or wrong alike (differences -0.003, +0.001), and free text never parses as a
-# verdict (0 of 512), so either way it would drop nearly every lesson.
-# Per task: the room, maze and vault grids ran 10 actions (every other task plays its own budget); the whole
-# episode stays in context up to SmolLM2's own 8,192 positions, except WebShop's pages (about 800 tokens each,
-# 10 of them outgrow it): its last 2 turns; a micro-batch holds at most 8,192 padded tokens (eight 30-action
-# Sokoban episodes in one took 19 GB and were killed).
-SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, warmup=2, free_text=False, lesson_turn=True,
-               instructions=False, show_map=False, max_steps="room=10,maze=10,vault=10", history="webshop=2",
-               max_context=8192, micro_batch=8, micro_tokens=8192, eval_every=10, eval_episodes=32, eval_batch=64,
-               iters=60, dtype="bfloat16", judge="none")
-# --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are
-# constrained, a lesson is one move word (which the actor above follows), and it must write one (a NONE is never
-# credited: --no-extractor-none)
-SMOLLM2_EXTRACTOR = dict(extractor_free_text=False, lesson_moves=1, extractor_none=False, extractor_reply_tokens=16,
-                         episode_chars=1500, distill_per_group=4, extractor_batch=16)
-PRESETS = {"tiny": (TINY, TINY_EXTRACTOR), "smollm2": (SMOLLM2, SMOLLM2_EXTRACTOR)}   # name: (actor, extractor)
-
-
-CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png
+CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png (rundir.draw_curve)
 
 
 def presets(given: dict) -> dict:
@@ -281,7 +251,7 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
     if spec == "tiny":
         model = None
         if reads:
-            model = Transformer.tiny(seed=seed)
+            model = tiny_model(seed=seed)
             if prior:
                 prior(model, load_tokenizer("tiny"))
             model = model.to(master)
@@ -328,46 +298,6 @@ def build(args, device, dtype) -> tuple[crl.Run, int]:
     return run, rundir.load_trainer_state(run, ckpt) if ckpt else 0
 
 
-def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, seed: int, batch: int = 32):
-    """The tiny actor's lesson-following prior: cross-entropy on the first move of a random lesson (a plan
-    of the task's action words, as --lesson-moves writes them) in prompts built exactly as rollouts build
-    them, over observations of random play. It teaches no task skill: the lesson is random, so the target
-    is unrelated to the game; half the prompts carry no lesson and a random move as the target, which keeps
-    the lesson-free policy near uniform (the init RL explores from)."""
-    rng, pool = random.Random(seed), crl.EnvPool(cfg.show_map, cfg.steps)
-    games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example
-    examples = []
-    for _ in range(batch * 32):
-        task = rng.choice(tasks)
-        examples.append(lesson_example(tok, cfg, games[task], task, rng))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    for _ in tqdm(range(steps), desc="lesson prior", unit="step", disable=crl.rank() != 0):
-        tokens, mask, _ = crl.pad_segments(rng.sample(examples, batch), "cpu")
-        logits = model(tokens[:, :-1]).float()
-        loss = torch.nn.functional.cross_entropy(logits[mask[:, 1:]], tokens[:, 1:][mask[:, 1:]])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-
-def lesson_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) -> crl.Segment:
-    """An observation after a few random moves and, half the time, a random lesson in the system prompt with
-    its first move as the reply (the trained tokens); else no lesson and a random move."""
-    obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
-    for _ in range(rng.randrange(cfg.steps(task))):
-        obs, _, done, _ = env.step(rng.choice(env.actions))
-        if done:
-            obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
-    plan = [rng.choice(env.actions) for _ in range(rng.randint(1, max(1, cfg.lesson_moves)))]
-    lessons = [" ".join(plan)] if rng.random() < 0.5 else []
-    plan[0] = plan[0] if lessons else rng.choice(env.actions)
-    system, obs = crl.actor_opening(cfg, env, lessons, obs, False)
-    example = crl.Segment()
-    example.extend(crl.encode_chat(tok, crl.window_messages(system, [], obs, 0)))
-    example.extend(tok.encode(plan[0], add_special_tokens=False) + [tok.eos_token_id], mask=True)
-    return example
-
-
 def build_manager(args, cfg: crl.CRLConfig, device, ckpt: str | None) -> ExperienceManager:
     """The embedder and the bank (new, or the checkpoint's), behind their manager."""
     try:
@@ -405,7 +335,7 @@ def report(args, metrics: dict, log, bar):
     step = metrics["step"]
     if step % CURVE_EVERY == 0 or step == args.iters - 1 or any(k.startswith("eval/") for k in metrics):
         try:
-            draw_curve(args.out)
+            rundir.draw_curve(args.out)
         except Exception as err:   # a picture is never worth stopping the training for
             warnings.warn(f"step {step}: {args.out}/curve.png not redrawn ({type(err).__name__}: {err})")
     bar.set_postfix({k.split("/", 1)[1]: f"{v:.2f}" for k, v in metrics.items()
@@ -492,37 +422,6 @@ def finish(run: crl.Run, args, owns_group: bool):
         dist.barrier()  # leave together: gloo can abort a rank whose peer is still finishing its last write
         if owns_group:
             dist.destroy_process_group()
-
-
-def draw_curve(out: str):
-    """Success vs iteration per task, with and without experience: held-out evaluation (bold, markers) and
-    training rollouts (thin, a moving average over 5 iterations: one iteration's groups are few and noisy)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    series = sorted({k.split("/", 1)[1] for r in rows for k in r if "/success_" in k})   # e.g. room/success_exp
-    if not series:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4, series):
-        train = [(r["step"], r["train/" + name]) for r in rows if "train/" + name in r]
-        if train:
-            steps, values = zip(*train)
-            smooth = [sum(values[max(0, i - 4):i + 1]) / len(values[max(0, i - 4):i + 1]) for i in range(len(values))]
-            ax.plot(steps, smooth, color=color, lw=1, alpha=0.6, label=f"train {name} (avg 5)")
-        evals = [(r["step"], r["eval/" + name]) for r in rows if "eval/" + name in r]
-        if evals:
-            ax.plot(*zip(*evals), color=color, lw=2, marker="o", ms=4, label=f"eval {name}")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("success rate")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "curve.png.tmp"), format="png", dpi=100)
-    plt.close(fig)
-    os.replace(os.path.join(out, "curve.png.tmp"), os.path.join(out, "curve.png"))
 
 
 if __name__ == "__main__":

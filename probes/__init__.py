@@ -2,6 +2,7 @@
 root with `python -m probes.NAME ...`; tests/test_probes.py runs each on a tiny setting. Their findings are
 in results/README.md and results/probes.md.
 
+    episode         a trained run plays one held-out episode: its lesson, each turn read and replied, the outcome
     lesson_follow   P(move | a one-move lesson names it): does a lesson reach the actor?
     lessons         a run's bank: each lesson, its uses and success when used, and how the bank grew
     actor_policy    a trained tiny actor's exact constrained policy by what is in view (p7)
@@ -21,6 +22,7 @@ import re
 import torch
 
 import crl
+import parallel
 from model import token_logprobs
 
 ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)   # the stairs one move away, in the words view
@@ -30,7 +32,7 @@ def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
     """The constrained policy over `actions` after the prompt tokens, exactly: each reply token is scored by
     model.token_logprobs among the tokens the actions allow after its prefix (what `generate` samples from)."""
     replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
-    tokens, mask, _ = crl.pad_segments([segment(prompt, r) for r in replies], "cpu")
+    tokens, mask, _ = parallel.pad_segments([segment(prompt, r) for r in replies], "cpu")
     allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
                 for j in range(len(reply))} for reply in replies]
     with torch.no_grad():

@@ -17,9 +17,9 @@ import torch
 
 import crl
 import envs
-import train
 from hf import load_tokenizer
 from model import Transformer
+from small import presets
 from probes import ONE_MOVE, policy
 
 
@@ -28,7 +28,7 @@ def main(argv=None):
     run_dir, episodes = argv[0], int(argv[1]) if len(argv) > 1 else 40
     model = Transformer.from_pretrained(os.path.join(run_dir, "ckpt", "actor"), dtype=torch.float32).eval()
     tok = load_tokenizer("tiny")
-    env = envs.make("room", show_map=False, max_steps=crl.CRLConfig(max_steps=train.TINY["max_steps"]).steps("room"))
+    env = envs.make("room", show_map=False, max_steps=crl.CRLConfig(max_steps=presets.TINY["max_steps"]).steps("room"))
     gen, stats, wins = torch.Generator().manual_seed(0), collections.defaultdict(list), 0
     for ep in range(episodes):
         obs, done, reward = env.reset(seed=crl.EVAL_SEED0 + ep), False, 0

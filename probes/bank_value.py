@@ -11,20 +11,18 @@ top-1 retrieved lesson with probability FOLLOW. The same per-start random stream
 arms differ only where the lesson is followed.  Run: python -m probes.bank_value [TRAIN_STARTS] [EVAL_STARTS]
 """
 import collections
-import os
 import random
-import re
 import sys
 
 import torch
 
-import bank
 import crl
 import envs
-import train
+from hf import Embedder
+from small import presets
 from probes import ONE_MOVE
 
-STEPS = crl.CRLConfig(max_steps=train.TINY["max_steps"]).steps("room")
+STEPS = crl.CRLConfig(max_steps=presets.TINY["max_steps"]).steps("room")
 
 
 def stepper_move(obs: str, rng: random.Random, actions) -> str:
@@ -68,7 +66,7 @@ def main(train_starts: int = 2048, evals: int = 256):
             lessons.append(move)
             train_pos.append(pos)
             by_pos.setdefault(pos, collections.Counter())[move] += 1
-    embed = bank.Embedder()
+    embed = Embedder()
     bank_vecs = embed(keys)
     no_lesson = [play(env, crl.EVAL_SEED0 + s, random.Random(-s - 1)) for s in range(evals)]
     print(f"no lesson (the stepper): held-out success {sum(r[3] for r in no_lesson) / evals:.3f}")

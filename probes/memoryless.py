@@ -9,14 +9,13 @@ Scripted policies play the 256 held-out room starts (EVAL_SEED0..., the tiny pre
   - "toward": also steps toward stairs seen further away.
 Each row is played with two random streams (1 and 2) on the same starts.  Run: python -m probes.memoryless [EVAL_STARTS]
 """
-import os
 import random
 import re
 import sys
 
 import crl
 import envs
-import train
+from small import presets
 from probes import ONE_MOVE
 
 SEEN = re.compile(r"stairs down \(>\): \d+ (\w+)", re.M)
@@ -39,7 +38,7 @@ def play(env, q: float, walk, toward: bool = False, stream: int = 1, starts: int
 
 
 def main(starts: int = 256):
-    env = envs.make("room", max_steps=crl.CRLConfig(max_steps=train.TINY["max_steps"]).steps("room"), show_map=False)
+    env = envs.make("room", max_steps=crl.CRLConfig(max_steps=presets.TINY["max_steps"]).steps("room"), show_map=False)
     moves = env.actions
     walks = {"uniform": lambda rng, last: rng.choice(moves),
              "diagonal": lambda rng, last: rng.choice([m for m in moves if len(m) > 5])}

@@ -20,7 +20,8 @@ import torch
 import crl
 import envs
 import reproduce
-from bank import Embedder, ExperienceBank
+from bank import ExperienceBank
+from hf import Embedder
 
 def find_stairs(env, seed: int, rng, walks: int = 300) -> tuple | None:
     """The stairs' (x, y): random walks from the seeded start until one steps onto them."""

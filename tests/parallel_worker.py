@@ -20,8 +20,9 @@ import torch.distributed as dist  # noqa: E402
 import crl  # noqa: E402
 import parallel  # noqa: E402
 import train  # noqa: E402
-from model import Transformer, generate  # noqa: E402
+from model import generate  # noqa: E402
 from test_train import FAST, bound_loss, fixed_segments  # noqa: E402
+from small.tiny import tiny_model  # noqa: E402
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 CPU = torch.device("cpu")
@@ -29,7 +30,7 @@ PROMPTS = [[1, 5, 9, 14, 3], [2, 7], [4, 4, 8, 1, 1, 6, 2]]
 
 
 def sharded(seed=0, dtype=torch.float32, checkpointing=False, **overrides):
-    full = Transformer.tiny(seed=seed, **overrides) if rank == 0 else None
+    full = tiny_model(seed=seed, **overrides) if rank == 0 else None
     return parallel.prepare(full, CPU, dtype, fsdp=True, checkpointing=checkpointing)
 
 
@@ -39,10 +40,10 @@ def gathered(model) -> dict:
 
 
 def update(model, opt, which, objective="grpo", micro_batch=2):
-    segs, advs = fixed_segments(Transformer.tiny(seed=0))   # the same episodes on every rank
+    segs, advs = fixed_segments(tiny_model(seed=0))   # the same episodes on every rank
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=micro_batch))
-    return crl.policy_update(holder, model, opt, [segs[i] for i in which], [advs[i] for i in which],
-                             *bound_loss(objective), 1.0)
+    return crl.policy_update(holder, crl.Update(model, opt, *bound_loss(objective)), [segs[i] for i in which],
+                             [advs[i] for i in which])
 
 
 def units(out):

@@ -14,6 +14,7 @@ import torch
 
 import bank as B
 from bank import Entry, ExperienceBank, ExperienceManager, Operation
+from hf import Embedder, default_embedder_path
 
 
 def unit(rng, n, d):
@@ -508,45 +509,61 @@ def test_manager_search_is_one_embedding_and_one_bank_search_on_the_callers_thre
             mgr.search("room", "one text", 1)
 
 
-def test_background_jobs_apply_in_order_and_errors_surface():
+def test_background_jobs_run_one_at_a_time_in_submission_order():
+    """The manager's one thread runs the jobs in the order they were submitted, one after another, and hands
+    back what each returned through its future; the manager applies nothing itself."""
     emb = HashEmbedder()
     mgr = ExperienceManager(plain(emb.dim), emb)
-    threads = []
+    threads, ran = [], []
 
     def distil(i):
         threads.append(threading.current_thread())
-        time.sleep(0.002)
+        time.sleep(0.0005 * (20 - i))   # earlier jobs take longer: beside each other, a later one would end first
+        ran.append(i)
         return [Operation("add", "room", f"lesson {i}", key=emb([f"ep {i}"])[0], source=i, step=i)]
 
-    for i in range(20):
-        mgr.submit(distil, i)
-    mgr.flush()
+    jobs = [mgr.submit(distil, i) for i in range(20)]
+    for job in jobs:
+        mgr.apply(job.result())
+    assert ran == list(range(20))
     assert [e.text for e in mgr.bank.entries("room")] == [f"lesson {i}" for i in range(20)]
     assert threading.current_thread() not in threads and len(set(threads)) == 1
     (res,) = mgr.search("room", ["ep 3"], 1)
     assert res[0][0].text == "lesson 3" and res[0][1] == pytest.approx(1.0)
     gate = threading.Event()
-    mgr.submit(lambda: gate.wait() and None)
-    mgr.submit(distil, 20)
-    assert mgr.pending == 2 and len(mgr.bank) == 20   # queued behind the gate, not applied
+    blocked, queued = mgr.submit(gate.wait), mgr.submit(distil, 20)
+    time.sleep(0.05)
+    assert not blocked.done() and not queued.done() and ran[-1] == 19   # queued behind the gate, not run
     gate.set()
-    mgr.flush()
-    assert mgr.pending == 0 and len(mgr.bank) == 21
+    assert queued.result()[0].text == "lesson 20" and ran[-1] == 20 and blocked.done()
+    mgr.close()
+
+
+def test_a_failed_job_reaches_its_caller_once_and_later_jobs_still_run():
+    emb = HashEmbedder()
+    mgr = ExperienceManager(plain(emb.dim), emb)
+    threads, done = [], []
 
     def broken():
+        threads.append(threading.current_thread())
         raise RuntimeError("extractor crashed")
-    mgr.submit(broken)
-    mgr.submit(distil, 99)                          # the thread survives a failed job
+
+    def slow(i):
+        time.sleep(0.2)
+        done.append(i)
+        return i
+    failed = mgr.submit(broken)
+    later = mgr.submit(slow, 99)                    # the thread survives a failed job
     with pytest.raises(RuntimeError, match="extractor crashed"):
-        mgr.flush()
-    mgr.flush()                                     # reported once
-    assert mgr.bank.entries("room")[-1].text == "lesson 99"
-    mgr.submit(lambda: "not ops")
-    with pytest.raises(ValueError, match="list of Operations"):
-        mgr.close()                                  # close() does not swallow it either
+        failed.result()
+    assert later.result() == 99 and done == [99]
+    last = mgr.submit(slow, 100)
+    mgr.close()                                     # reported once: not again here, nor by a later job
+    assert done == [99, 100] and last.result() == 100   # close() finishes what was submitted
     assert not threads[0].is_alive()
     with pytest.raises(RuntimeError, match="closed"):
-        mgr.submit(distil, 100)
+        mgr.submit(slow, 101)
+    mgr.close()                                     # idempotent
 
 
 def test_sync_mode_is_inline_and_deterministic():
@@ -554,21 +571,28 @@ def test_sync_mode_is_inline_and_deterministic():
     results = []
     for _ in range(2):
         mgr = ExperienceManager(ExperienceBank(emb.dim, recency_window=2), emb, sync=True)
-        assert mgr._thread is None
+        assert mgr._executor is None
         out = []
         for i in range(30):
-            mgr.submit(lambda i=i: [Operation("add", "t", f"l{i}", key=mgr.embed([f"s{i % 7}"])[0])])
+            job = mgr.submit(lambda i=i: (threading.current_thread(),
+                                          [Operation("add", "t", f"l{i}", key=mgr.embed([f"s{i % 7}"])[0])]))
+            assert job.done()                           # it ran before submit returned, on this thread
+            thread, ops = job.result()
+            assert thread is threading.current_thread()
+            mgr.apply(ops)
             ids = [e.id for e, _ in mgr.search("t", [f"s{i % 5}"], 2)[0]]
             mgr.record_use(ids, success=i % 2 == 0)
             out.append(ids)
-        mgr.flush()
         mgr.close()
         results.append(out)
     assert results[0] == results[1]
+
     def boom():
         raise RuntimeError("boom")
-    with pytest.raises(RuntimeError, match="boom"):   # sync mode: a job's error surfaces at once
-        ExperienceManager(plain(16), HashEmbedder(), sync=True).submit(boom)
+    job = ExperienceManager(plain(16), HashEmbedder(), sync=True).submit(boom)
+    assert job.done()                                   # sync mode: a job's error is there at once
+    with pytest.raises(RuntimeError, match="boom"):
+        job.result()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -577,12 +601,12 @@ def test_sync_mode_is_inline_and_deterministic():
 
 @pytest.fixture(scope="module")
 def minilm():
-    return B.Embedder(batch_size=3)
+    return Embedder(batch_size=3)
 
 
 def test_minilm_matches_sentence_transformers(minilm):
     import sentence_transformers as st   # a requirement: missing, the test fails rather than skips
-    path = str(B.default_embedder_path())
+    path = str(default_embedder_path())
     texts = ["You are in a 5x5 room. Reach the stairs down '>'.",
              "A key lies to the north; the door to the east is locked.",
              "a", "Boulders block the river crossing. " * 80,      # > 256 tokens: truncated like the reference
@@ -598,8 +622,8 @@ def test_minilm_matches_sentence_transformers(minilm):
 
 def test_embedder_memo_embeds_each_text_once_and_returns_the_same_vectors():
     texts = ["go north", "the stairs are east", "go north", "x", "the stairs are east"]
-    ref = B.Embedder(batch_size=64, memo_size=0)(texts)    # 0: nothing kept, every call computes
-    emb = B.Embedder(batch_size=2, memo_size=2)
+    ref = Embedder(batch_size=64, memo_size=0)(texts)    # 0: nothing kept, every call computes
+    emb = Embedder(batch_size=2, memo_size=2)
     encoded = []
     encode = emb._encode
     emb._encode = lambda batch: encoded.append(list(batch)) or encode(batch)
@@ -620,7 +644,7 @@ def test_minilm_similar_sentences_outscore_unrelated(minilm):
 
 def test_embedder_bad_input(tmp_path, minilm):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        B.Embedder(str(tmp_path))
+        Embedder(str(tmp_path))
     with pytest.raises(ValueError, match="list of strings"):
         minilm("just one string")
     with pytest.raises(ValueError, match="embedder dim"):
@@ -628,14 +652,16 @@ def test_embedder_bad_input(tmp_path, minilm):
 
 
 def test_decoder_embedder_pools_the_last_token_like_transformers(tmp_path):
-    import model
     import transformers
-    net = model.Transformer.tiny(seed=3)
+
+    import model
+    from small.tiny import tiny_model
+    net = tiny_model(seed=3)
     net.save_pretrained(tmp_path)
     tok = model.ByteTokenizer()
     tok.save_pretrained(tmp_path)
     texts = ["go north", "the key opens the door to the east", "x", "push the boulder into the water"]
-    emb = B.Embedder(str(tmp_path), batch_size=3)    # batches of mixed lengths, right-padded
+    emb = Embedder(str(tmp_path), batch_size=3)    # batches of mixed lengths, right-padded
     assert emb.kind == "decoder" and emb.dim == net.config.hidden_size
     ours = emb(texts)
     ref_model = transformers.AutoModel.from_pretrained(str(tmp_path)).eval()
@@ -654,8 +680,7 @@ def test_manager_with_minilm_finds_the_lesson_of_a_similar_episode(minilm):
 
         def distil(obs, lesson):
             return [Operation("add", "mix", lesson, key=mgr.embed([obs])[0], source=1)]
-        for obs, lesson in episodes.items():
-            mgr.submit(distil, obs, lesson)
-        mgr.flush()
+        for job in [mgr.submit(distil, obs, lesson) for obs, lesson in episodes.items()]:
+            mgr.apply(job.result())
         (hits,) = mgr.search("mix", ["You see a key on the ground and a locked door ahead."], 1)
         assert hits[0][0].text == "pick up the key first"

@@ -50,8 +50,8 @@ def test_reward_is_the_mean_credit_and_the_advantage_its_distance_from_the_batch
     generation(run, 3)                                # no credit yet: it waits
     seen = {}
 
-    def update(run_, model, opt, segments, advantages, loss_fn, clip_range, temperature, minibatches=1):
-        seen.update(model=model, segments=segments, advantages=advantages, loss_fn=loss_fn, clip=clip_range)
+    def update(run_, upd, segments, advantages):
+        seen.update(model=upd.model, segments=segments, advantages=advantages, loss_fn=upd.loss, clip=upd.clip_range)
         return {"loss": 0.0}
 
     monkeypatch.setattr(crl, "policy_update", update)
@@ -82,7 +82,7 @@ def test_unrewarded_generations_beyond_the_cap_are_dropped_oldest_first():
     run = make_run(extractor_batch=100, max_generations=2)
     for gid in (5, 3, 9, 7):
         generation(run, gid)
-    assert crl.extractor_step(run) == {}
+    assert crl.extractor_update(run) == {}
     assert sorted(run.generations) == [7, 9]
 
 
@@ -182,7 +182,7 @@ def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch)
     the mean of the new credits only."""
     run = make_run(extractor_batch=1)
     seen = []
-    monkeypatch.setattr(crl, "policy_update", lambda run_, model, opt, segments, advantages, *a, **k:
+    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages:
                         seen.append(len(segments)) or {"loss": 0.0})
     generation(run, 0, [1.0, -1.0, -1.0])
     generation(run, 1, [1.0])

@@ -274,7 +274,7 @@ def test_non_finite_flags_are_refused(flag, capsys):
 def test_a_failed_curve_does_not_stop_training(tmp_path, monkeypatch):
     def broken(out):
         raise RuntimeError("no backend")
-    monkeypatch.setattr(train, "draw_curve", broken)
+    monkeypatch.setattr(rundir, "draw_curve", broken)
     out = str(tmp_path / "r")
     with pytest.warns(UserWarning, match="curve.png not redrawn"):
         train.main([*FLAGS, "--iters", "1", "--out", out])

@@ -8,7 +8,9 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from model import ByteTokenizer, Constraint, Session, Transformer, generate, token_logprobs
+from model import ByteTokenizer, Session, Transformer, generate, token_logprobs
+from small.tiny import init_weights, tiny_model
+from small.grammar import Constraint
 
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
@@ -32,7 +34,7 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny():
     """The byte-tokenizer preset, made peakier (std 0.3) so sampled text is not uniform noise."""
-    return Transformer.tiny(seed=1).init_weights(seed=1, std=0.3)
+    return init_weights(tiny_model(seed=1), seed=1, std=0.3)
 
 
 def _prompts(n, lo, hi, V, seed):

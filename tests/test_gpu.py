@@ -17,7 +17,9 @@ from transformers.utils import logging as hf_logging
 
 import bench
 from kernels._triton import InterpretedFunction, triton
-from model import ByteTokenizer, Constraint, Transformer, generate, token_logprobs
+from model import ByteTokenizer, Transformer, generate, token_logprobs
+from small.tiny import init_weights, tiny_model
+from small.grammar import Constraint
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or triton is None, reason="needs a CUDA GPU and Triton")
 hf_logging.set_verbosity_error()
@@ -260,7 +262,7 @@ def test_sampled_logprobs_equal_token_logprobs_on_cuda():
     """On-policy, the training recomputation reproduces what the CUDA sampler reported: same temperature,
     top-k, top-p and constraint masks; the decode path (Triton) and the training path (references + Triton
     log-softmax) agree."""
-    tiny = Transformer.tiny(seed=1).init_weights(seed=1, std=0.3).to(DEV)
+    tiny = init_weights(tiny_model(seed=1), seed=1, std=0.3).to(DEV)
     tok = ByteTokenizer()
     prompts = [tok.encode(t) for t in ("<|im_start|>user\nwhere?<|im_end|>\n", "go ", "a", "the map is ##")]
     cons = [Constraint.from_strings(tok, ["north", "south", "n", "ne"]), None,

@@ -283,8 +283,9 @@ sys.meta_path.insert(0, NoTriton())
 RUN_MODEL = """
 import importlib, json, torch
 import model
+from small.tiny import tiny_model
 torch.manual_seed(0)
-m = model.Transformer.tiny(seed=0)
+m = tiny_model(seed=0)
 x = torch.randint(0, 256, (2, 20))
 with torch.no_grad():
     logits = m(x)[:, -1]

@@ -11,6 +11,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
 from transformers.utils import logging as hf_logging
 
 from model import ByteTokenizer, ModelConfig, Transformer, load_tokenizer, rope_inv_freq
+from small.tiny import tiny_model
 
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
@@ -111,7 +112,7 @@ def test_save_pretrained_reopens_in_transformers(tmp_path, kind, tied):
 
 
 def test_tiny_is_a_valid_qwen3_checkpoint(tmp_path):
-    m = Transformer.tiny(seed=3)
+    m = tiny_model(seed=3)
     tok = ByteTokenizer()
     assert m.config.vocab_size == len(tok) and m.config.eos_token_ids == [tok.eos_token_id]
     assert 0.5e6 < m.num_params() < 2e6
@@ -120,8 +121,8 @@ def test_tiny_is_a_valid_qwen3_checkpoint(tmp_path):
     x = torch.tensor([tok.encode("stairs down (>): 1 south<|im_end|>\n<|im_start|>assistant\n")])
     with torch.no_grad():  # the near-zero head: the first policy is near uniform over any allowed tokens
         assert m(x).float().abs().max() < 0.1
-    assert torch.equal(Transformer.tiny(seed=3).lm_head.weight, m.lm_head.weight)
-    assert not torch.equal(Transformer.tiny(seed=4).lm_head.weight, m.lm_head.weight)
+    assert torch.equal(tiny_model(seed=3).lm_head.weight, m.lm_head.weight)
+    assert not torch.equal(tiny_model(seed=4).lm_head.weight, m.lm_head.weight)
     m.save_pretrained(tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert isinstance(hf, Qwen3ForCausalLM)
@@ -131,12 +132,12 @@ def test_tiny_is_a_valid_qwen3_checkpoint(tmp_path):
     again = Transformer.from_pretrained(tmp_path)
     with torch.no_grad():
         assert torch.equal(again(x), m(x))
-    small = Transformer.tiny(hidden_size=64, num_hidden_layers=2)
+    small = tiny_model(hidden_size=64, num_hidden_layers=2)
     assert small.config.hidden_size == 64 and len(small.layers) == 2
 
 
 def test_from_pretrained_dtype(tmp_path):
-    Transformer.tiny(tie_word_embeddings=True).save_pretrained(tmp_path)
+    tiny_model(tie_word_embeddings=True).save_pretrained(tmp_path)
     m = Transformer.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert m.lm_head.weight.dtype == torch.bfloat16 and m.lm_head.weight is m.embed_tokens.weight
     assert m(torch.tensor([[1, 2, 3]])).dtype == torch.bfloat16
@@ -167,14 +168,14 @@ def test_missing_directory_and_config(tmp_path):
 
 
 def test_missing_weight_file(tmp_path):
-    Transformer.tiny().save_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path)
     os.remove(tmp_path / "model.safetensors")
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
         Transformer.from_pretrained(tmp_path)
 
 
 def test_missing_weight_tensor(tmp_path):
-    Transformer.tiny().save_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path)
     sd = load_file(tmp_path / "model.safetensors")
     del sd["model.layers.1.self_attn.k_norm.weight"]
     save_file(sd, tmp_path / "model.safetensors")
@@ -183,7 +184,7 @@ def test_missing_weight_tensor(tmp_path):
 
 
 def test_unsupported_architecture(tmp_path):
-    Transformer.tiny().save_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -4,6 +4,7 @@ end to end with --fsdp and --resume, and background distillation under DDP. Each
 checks (tests/parallel_worker.py); a module fixture launches it once for the tests that read its results."""
 import json
 import os
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -11,8 +12,9 @@ import torch
 
 import crl
 import parallel
-from model import Transformer, generate, rope_inv_freq
+from model import generate, rope_inv_freq
 from test_train import FAST, _torchrun, bound_loss, fixed_segments, read_metrics, single_process_update, strip_times
+from small.tiny import tiny_model
 
 WORKER = "parallel_worker.py"
 
@@ -20,10 +22,10 @@ WORKER = "parallel_worker.py"
 def adamw_delta(model, lr=1e-6) -> torch.Tensor:
     """All weights' change in one AdamW step on the fixed episodes, flattened."""
     before = torch.cat([p.detach().float().flatten() for p in model.parameters()])
-    segs, advs = fixed_segments(Transformer.tiny(seed=0))
+    segs, advs = fixed_segments(tiny_model(seed=0))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
-    crl.policy_update(holder, model, opt, segs, advs, *bound_loss("grpo"), 1.0)
+    crl.policy_update(holder, crl.Update(model, opt, *bound_loss("grpo")), segs, advs)
     return torch.cat([p.detach().float().flatten() for p in model.parameters()]) - before
 
 
@@ -38,15 +40,15 @@ def moves_like(delta, ref) -> tuple[float, float, float]:
 def test_fp32_masters_with_bf16_compute_update_like_fp32():
     """At lr 1e-6 an AdamW step on fp32 masters computed in bf16 (autocast) moves the weights as the fp32 step
     does; on bf16 weights almost every step is below half a bf16 ulp and vanishes."""
-    ref = adamw_delta(Transformer.tiny(seed=0))
-    mixed = parallel.prepare(Transformer.tiny(seed=0), torch.device("cpu"), torch.bfloat16)
+    ref = adamw_delta(tiny_model(seed=0))
+    mixed = parallel.prepare(tiny_model(seed=0), torch.device("cpu"), torch.bfloat16)
     frac, same_sign, ratio = moves_like(adamw_delta(mixed), ref)
     assert all(p.dtype == torch.float32 for p in mixed.parameters())
     assert frac > 0.99 and same_sign > 0.8 and 0.9 < ratio < 1.1, (frac, same_sign, ratio)
-    frac, _, ratio = moves_like(adamw_delta(Transformer.tiny(seed=0).to(torch.bfloat16)), ref)
+    frac, _, ratio = moves_like(adamw_delta(tiny_model(seed=0).to(torch.bfloat16)), ref)
     assert frac < 0.1 and ratio < 0.1, (frac, ratio)   # measured: 0.012 and 0.017
     # rollouts run on a bf16 copy, equal to the model cast to bf16
-    copy, cast = parallel.rollout_copy(mixed), Transformer.tiny(seed=0)
+    copy, cast = parallel.rollout_copy(mixed), tiny_model(seed=0)
     cast.load_state_dict(mixed.state_dict())
     cast = cast.to(torch.bfloat16)
     cast.inv_freq = rope_inv_freq(cast.config)   # rotary frequencies stay fp32, as in a loaded checkpoint
@@ -71,7 +73,7 @@ def assert_close(a: dict, b: dict, atol=1e-6):
 @pytest.mark.parametrize("objective", ["grpo", "cispo"])
 def test_fsdp_update_equals_single_process(units, objective):
     ref = single_process_update(objective).state_dict()
-    start = Transformer.tiny(seed=0).state_dict()
+    start = tiny_model(seed=0).state_dict()
     assert any(not torch.equal(ref[k], start[k]) for k in ref)
     assert_close(units[1][objective], ref)
 
@@ -82,7 +84,7 @@ def test_fsdp_uneven_microbatches_after_divergent_generation(units):
 
 
 def test_generation_on_the_gathered_copy_equals_the_plain_model(units):
-    samples = generate(Transformer.tiny(seed=0), [[1, 5, 9, 14, 3], [2, 7], [4, 4, 8, 1, 1, 6, 2]], 8,
+    samples = generate(tiny_model(seed=0), [[1, 5, 9, 14, 3], [2, 7], [4, 4, 8, 1, 1, 6, 2]], 8,
                        generator=torch.Generator().manual_seed(0))
     assert units[1]["samples"] == [(s.tokens, s.logprobs) for s in samples]
 
@@ -91,7 +93,7 @@ def test_generation_on_the_gathered_copy_equals_the_plain_model(units):
 def test_hf_export_of_a_sharded_model_reopens_in_transformers(units, tied):
     from transformers import AutoModelForCausalLM
     out, res = units
-    ours = Transformer.tiny(seed=1, tie_word_embeddings=True) if tied else Transformer.tiny(seed=0)
+    ours = tiny_model(seed=1, tie_word_embeddings=True) if tied else tiny_model(seed=0)
     if not tied:
         ours.load_state_dict(res["uneven"])
     hf = AutoModelForCausalLM.from_pretrained(out / ("hf_tied" if tied else "hf_untied"), dtype=torch.float32)
@@ -109,10 +111,30 @@ def test_dcp_resume_is_exact(units):
 def test_fsdp_bf16_compute_keeps_fp32_masters(units):
     res = units[1]
     assert res["mp_master_dtypes"] == ["torch.float32"]
-    start = Transformer.tiny(seed=0)
+    start = tiny_model(seed=0)
     delta = torch.cat([(res["mp"][k] - v).flatten() for k, v in start.state_dict().items()])
     frac, same_sign, ratio = moves_like(delta, adamw_delta(start))
     assert frac > 0.99 and same_sign > 0.8 and 0.9 < ratio < 1.1, (frac, same_sign, ratio)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_distillation_runs_on_the_bank_managers_thread(sync):
+    """Distillation submits to the bank manager's one thread (inline with a synchronous manager); result()
+    hands back what the job returned, or re-raises what it raised, and the next job still runs."""
+    from bank import ExperienceBank, ExperienceManager
+    with ExperienceManager(ExperienceBank(4), None, sync=sync) as manager:
+        run = SimpleNamespace(extractor=None, manager=manager)
+
+        def distil(got, step):
+            assert got is run
+            return [threading.current_thread().name, step]
+
+        def broken(got, step):
+            raise RuntimeError(f"extractor crashed at {step}")
+        failed, later = parallel.Distillation(run, broken, 1), parallel.Distillation(run, distil, 2)
+        with pytest.raises(RuntimeError, match="crashed at 1"):
+            failed.result()
+        assert later.result() == [threading.current_thread().name if sync else "bank-distill_0", 2]
 
 
 def test_train_fsdp_resume_and_background_distillation(tmp_path):
@@ -124,7 +146,7 @@ def test_train_fsdp_resume_and_background_distillation(tmp_path):
     for r, mine in enumerate(res):                                # every rank gets its own generations back
         assert mine["saved_generations"] and all(g % 2 == r for g in mine["saved_generations"])
         assert mine["resumed_generations"] == mine["saved_generations"]
-    assert res[0]["distill_threads"] == ["bank-distill"]          # distilled on the manager's thread
+    assert res[0]["distill_threads"] == ["bank-distill_0"]        # distilled on the manager's one thread
     assert res[0]["async"][0] == res[1]["async"][0] and len(res[0]["async"][0]) > 0   # identical replicas
     a, b = read_metrics(tmp_path / "async"), read_metrics(tmp_path / "async2")
     assert [strip_times(r) for r in a] == [strip_times(r) for r in b]

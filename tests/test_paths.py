@@ -8,9 +8,11 @@ import pytest
 import torch
 
 import crl
+import parallel
 from bank import ExperienceBank, ExperienceManager, Operation
-from model import Transformer, load_tokenizer
+from model import load_tokenizer
 from test_bank import HashEmbedder
+from small.tiny import tiny_model
 
 
 def tiny_run(manager=None, **settings) -> crl.Run:
@@ -18,7 +20,7 @@ def tiny_run(manager=None, **settings) -> crl.Run:
     cfg = crl.CRLConfig(**{"free_text": False, "instructions": False, "show_map": False, "max_steps": 10,
                            "max_reply_tokens": 16, **settings})
     tok = load_tokenizer("tiny")
-    run = crl.Run(cfg, ["room"], 0, Transformer.tiny(seed=0), tok, None, Transformer.tiny(seed=1), tok, None,
+    run = crl.Run(cfg, ["room"], 0, tiny_model(seed=0), tok, None, tiny_model(seed=1), tok, None,
                   manager)
     run.timer = {"generate": 0.0, "env": 0.0, "extractor": 0.0, "extractor_update": 0.0}
     run.counters = {"parse_failures": 0, "operations": 0, "merges": 0, "discards": 0}
@@ -36,13 +38,13 @@ def test_the_context_limit_ends_an_episode_as_a_failure():
 
 
 def test_a_non_finite_loss_skips_the_update():
-    model = Transformer.tiny(seed=0)
+    model = tiny_model(seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     with pytest.warns(UserWarning, match="update skipped"):
-        out = crl.clip_and_step(tiny_run(), model, opt, math.nan)
+        out = parallel.clip_and_step(tiny_run(), model, opt, math.nan)
     assert out == {"skipped": 1}
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())   # no stale gradient reaches the next step
@@ -192,7 +194,7 @@ def test_query_map_keys_retrieval_by_the_map():
 def test_a_fractional_webshop_reward_reaches_the_advantages(monkeypatch):
     """A scripted purchase of a product that matches a third of the goal (WebShop seed 3 of test) earns 1/3;
     the episode keeps that reward (not its failed success) and the actor's advantages centre it."""
-    from model import Constraint
+    from small.grammar import Constraint
     buy = ["search[remote for rca wi-fi streaming media player dsb772e]", "click[b00r249c5g]", "click[buy now]"]
     script = {0: buy, 1: buy, 2: ["click[next >]"] * 3, 3: ["click[next >]"] * 3}
     turn, real = {}, crl.generate
@@ -209,7 +211,7 @@ def test_a_fractional_webshop_reward_reaches_the_advantages(monkeypatch):
     eps = crl.rollout(run, [("webshop", 3, 0, False)] * 4, torch.Generator().manual_seed(0), 1.0, train=False)
     assert [e.reward for e in eps] == pytest.approx([1 / 3, 1 / 3, 0, 0]) and not any(e.success for e in eps)
     seen = {}
-    monkeypatch.setattr(crl, "policy_update", lambda run_, model, opt, segs, advs, *a: seen.update(advs=advs) or {})
+    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segs, advs: seen.update(advs=advs) or {})
     crl.actor_update(run, eps)
     assert seen["advs"] == pytest.approx([1 / 6, 1 / 6, -1 / 6, -1 / 6])
 
@@ -238,7 +240,7 @@ def test_the_warmup_retrieves_nothing_and_trains_nothing(monkeypatch):
                    extractor_reply_tokens=4, judge="none")
     calls, played = [], []
     monkeypatch.setattr(crl, "actor_update", lambda run_, eps: calls.append("actor") or {})
-    monkeypatch.setattr(crl, "extractor_step", lambda run_: calls.append("extractor") or {})
+    monkeypatch.setattr(crl, "extractor_update", lambda run_: calls.append("extractor") or {})
     rollout = crl.rollout
     monkeypatch.setattr(crl, "rollout", lambda *a, **k: played.append(rollout(*a, **k)) or played[-1])
     metrics = crl.train_step(run, 1)

@@ -12,9 +12,10 @@ import crl
 import envs
 import train
 from bank import ExperienceBank
-from model import Transformer, load_tokenizer
-from probes import (ONE_MOVE, actor_policy, bank_value, judge, lesson_follow, lessons, memoryless, policy, pool_lessons,
-                    vault_controls, vault_forms, vault_lessons)
+from model import load_tokenizer
+from probes import (ONE_MOVE, actor_policy, bank_value, episode, judge, lesson_follow, lessons, memoryless, policy,
+                    pool_lessons, vault_controls, vault_forms, vault_lessons)
+from small.tiny import tiny_model
 from test_train import FAST
 
 
@@ -27,7 +28,7 @@ def run_dir(tmp_path_factory):
 
 
 def test_policy_is_the_constrained_softmax():
-    model, tok = Transformer.tiny(seed=0).eval(), load_tokenizer("tiny")
+    model, tok = tiny_model(seed=0).eval(), load_tokenizer("tiny")
     actions = ("north", "northeast", "south")            # shared prefixes: 'north' then its end or 'east'
     prompt = tok.encode("you see stairs", add_special_tokens=False)
     got = policy(model, tok, prompt, actions)
@@ -169,3 +170,81 @@ def test_vault_forms_masses_are_a_distribution(capsys):
     run.manager.close()
     vault_forms.main(["--instances", "1"])
     assert len([line for line in capsys.readouterr().out.splitlines() if "form, 1 vaults" in line]) == 3
+
+
+@pytest.fixture(scope="module")
+def vault_run(tmp_path_factory):
+    """A finished tiny crl run on the vault (3 tries: some episodes open the door, some do not), with a final
+    evaluation of 4 held-out vaults each way (final.json)."""
+    out = str(tmp_path_factory.mktemp("probe") / "vault")
+    train.main(["--tasks", "vault", "--mode", "crl", "--iters", "2", "--out", out, *FAST, "--eval-every", "0",
+                "--final-eval-episodes", "4"])
+    return out
+
+
+def printed_episode(out: str) -> dict:
+    """probes.episode's output read back: the lesson lines, each turn's read and reply, the outcome line."""
+    lines, blocks, head = out.splitlines(), [], []
+    for line in lines:
+        if line.startswith("--- ") or line.startswith("outcome: "):
+            blocks.append([line, []])
+        elif blocks:
+            blocks[-1][1].append(line[4:])
+        else:
+            head.append(line)
+    turns = [(name, "\n".join(body)) for name, body in blocks if name.startswith("--- turn ")]
+    return {"head": head, "reads": [b for n, b in turns if n.endswith("reads")],
+            "replies": [b for n, b in turns if n.endswith("replies")], "outcome": blocks[-1][0]}
+
+
+def shown(text: str) -> str:
+    """Text as probes.episode prints it: unprintable characters escaped, checked on a hand-made case first."""
+    assert episode.printable("north\x07\x01 \u00e9\n\tx") == "north\\x07\\x01 \u00e9\n\\tx"
+    return episode.printable(text)
+
+
+def test_episode_probe_prints_the_episode_crl_plays(vault_run, capsys):
+    """What the probe prints is the episode crl.play_held_out plays from the run's checkpoint (built here as
+    `train.py --resume` builds it): the lesson retrieved and in the prompt, each reply in its turn, each turn's
+    observation, the outcome."""
+    args = train.parse_args(["--out", vault_run, "--resume"])
+    run, start = train.build(args, torch.device("cpu"), torch.float32)
+    run.step = start - 1
+    for instance, with_exp in ((0, True), (1, False), (2, True)):
+        want = crl.play_held_out(run, [("vault", crl.EVAL_SEED0 + instance, instance, with_exp)], crl.EVAL_STEP)[0]
+        episode.main([vault_run, "--seed", str(instance), *([] if with_exp else ["--no-experience"])])
+        got = printed_episode(capsys.readouterr().out)
+        assert got["replies"] == [shown(text) for who, text in want.transcript if who == "agent"]
+        views = [shown(text) for who, text in want.transcript if who == "environment"]
+        assert len(got["reads"]) == want.turns and all(v in r for v, r in zip(views, got["reads"]))
+        assert f"game seed {crl.EVAL_SEED0 + instance}" in got["head"][1]
+        assert got["outcome"].startswith("outcome: ") and \
+            f"success {want.success}, reward {want.reward:.3f}, {want.turns} actions" in got["outcome"]
+        if with_exp:   # the tiny preset: the lesson closes the system prompt, which opens every turn's window
+            lesson = f"  1. {want.lessons[0]!r} (bank entry {want.retrieved[0]},"
+            assert want.lessons and got["head"][3].startswith(lesson)
+            assert shown(want.lessons[0]) and all(shown(want.lessons[0]) in r for r in got["reads"])
+        else:
+            assert got["head"][2] == "retrieved lesson(s): none (played without experience)"
+            assert not any("1. " in r for r in got["reads"])
+    run.manager.close()
+
+
+def test_episode_probe_among_replays_the_final_evaluation(vault_run, capsys):
+    """--among E plays each held-out episode as the run's final evaluation of E episodes played it: their
+    successes and rewards average to final.json's, with and without experience."""
+    final = json.load(open(os.path.join(vault_run, "final.json")))
+    args, run = episode.load(vault_run)
+    assert run.step == final["step"]   # the re-rank's clock as the final evaluation read it (crl.retrieve)
+    outcomes = []
+    for with_exp, half in ((False, "noexp"), (True, "exp")):
+        eps = [episode.play(run, "vault", j, with_exp, among=4) for j in range(4)]
+        assert sum(e.success for e in eps) / 4 == final[f"eval/vault/success_{half}"]
+        assert sum(e.reward for e in eps) / 4 == final[f"eval/vault/reward_{half}"]
+        outcomes += [e.success for e in eps]
+    assert 0 < sum(outcomes) < len(outcomes)   # some vaults opened, some not: the sums above can tell them apart
+    run.manager.close()
+    episode.main([vault_run, "--seed", "3", "--among", "4"])
+    got = printed_episode(capsys.readouterr().out)
+    assert got["replies"] == [shown(text) for who, text in eps[3].transcript if who == "agent"]
+    assert f"success {eps[3].success}, reward {eps[3].reward:.3f}" in got["outcome"]

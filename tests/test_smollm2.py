@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import crl
+import envs
 import model
 import train
 from model import Transformer, generate, load_tokenizer
@@ -68,7 +69,7 @@ def test_logits_and_greedy_tokens_equal_transformers(reference, ours):
 def test_embedder_takes_the_packaged_name(ours):
     """--embedder smollm2: the decoder embedder (last-token pooling) over the converted checkpoint, equal to
     the hidden state of each text's last token computed here."""
-    from bank import Embedder
+    from hf import Embedder
     net, tok = ours
     texts = ["stairs down (>): 1 southeast", "(nothing notable in view)"]
     vecs = Embedder("smollm2")(texts)
@@ -109,7 +110,7 @@ def test_one_training_iteration_as_actor_and_extractor(tmp_path):
                       "--eval-every", "0", "--extractor-batch", "2", "--dtype", "bfloat16"])
     row = read_metrics(out)[-1]
     assert 1 <= row["turns"] <= 2 and "actor/loss" in row
-    moves = set(crl.EnvPool().take("room").actions)
+    moves = set(envs.EnvPool().take("room").actions)
     lessons = [e.text for e in run.manager.bank.entries("room")]
     assert lessons and set(lessons) <= moves   # --lesson-moves 1: every lesson is one move word
     assert run.cfg.lesson_turn and not run.cfg.free_text   # the SMOLLM2 preset applied

@@ -11,9 +11,12 @@ import pytest
 import torch
 
 import crl
+import parallel
 import rundir
 import train
-from model import Transformer, token_logprobs
+from model import token_logprobs
+from small import grammar, presets
+from small.tiny import tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
@@ -69,7 +72,7 @@ def test_first_ratio_is_one_on_policy():
     """Sampler log-probs (constrained to the actions, temperature 0.8, top-k 5) equal the trainer's
     recomputation on the episodes' full multi-turn token sequences."""
     from model import load_tokenizer
-    actor = Transformer.tiny(seed=3)
+    actor = tiny_model(seed=3)
     cfg = crl.CRLConfig(mode="grpo", groups=2, temperature=0.8, top_k=5, free_text=False, max_reply_tokens=16,
                         max_context=4096)
     run = crl.Run(cfg, ["room"], 0, actor, load_tokenizer("tiny"), None, None, None, None, None)
@@ -90,7 +93,7 @@ def test_constrained_reply_fits_the_longest_action():
     from model import load_tokenizer
     cfg = crl.CRLConfig(mode="grpo", groups=1, group_size=4, free_text=False, max_reply_tokens=16,
                         max_context=8192, max_steps=4)
-    run = crl.Run(cfg, ["webshop"], 0, Transformer.tiny(seed=0), load_tokenizer("tiny"), None, None, None, None, None)
+    run = crl.Run(cfg, ["webshop"], 0, tiny_model(seed=0), load_tokenizer("tiny"), None, None, None, None, None)
     run.timer = {"generate": 0.0, "env": 0.0}
     eps = crl.rollout(run, crl.episode_specs(run, 0), crl.seeded_generator("cpu", 0, 0, 0, 1), 1.0)
     assert sum(e.turns for e in eps) >= 8 and sum(e.invalid for e in eps) == 0
@@ -105,8 +108,27 @@ STEPPING = ["--tasks", "room", "--groups", "4", "--group-size", "4", "--max-step
 
 def moved(model, seed: int) -> bool:
     """Whether the model's weights left the tiny init of `seed` (train.py: actor seed, extractor seed + 1)."""
-    init = Transformer.tiny(seed=seed).state_dict()
+    init = tiny_model(seed=seed).state_dict()
     return any(not torch.equal(v.float(), init[k]) for k, v in model.state_dict().items())
+
+
+def test_each_update_recomputes_under_the_distribution_its_model_sampled_from(tmp_path, monkeypatch):
+    """The actor's and the extractor's updates take log-probs at their own temperatures and the shared top-k,
+    as their samplers drew: recomputed before any step, every trained token's log-prob is the sampler's."""
+    gaps = {}
+
+    def check(run, update, segments, advantages):
+        tokens, mask, old = parallel.pad_segments(segments, "cpu")
+        s = update.sampling
+        logp = token_logprobs(update.model, tokens, mask, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                              allowed=[seg.allowed for seg in segments])
+        who = "actor" if update.model is run.actor else "extractor"
+        gaps[who] = max(gaps.get(who, 0.0), (logp - old)[mask].abs().max().item())
+        return {}
+    monkeypatch.setattr(crl, "policy_update", check)
+    train.main([*STEPPING, "--mode", "crl", "--iters", "3", "--temperature", "0.7", "--extractor-temperature", "1.4",
+                "--top-k", "3", "--out", str(tmp_path)])
+    assert set(gaps) == {"actor", "extractor"} and max(gaps.values()) < 1e-4, gaps
 
 
 @pytest.mark.parametrize("mode", ["crl", "static", "exp-only"])
@@ -195,7 +217,7 @@ def test_every_setting_is_a_documented_flag():
     assert "bank_use_penalty" in fields and "clip" in fields and "retrieve_k" in fields
     assert sorted(seen) == sorted(fields) and all(a.help for a in seen.values())
     tiny = train.parse_args([])
-    assert tiny.groups == train.TINY["groups"] and tiny.show_map is False and tiny.history == 0
+    assert tiny.groups == presets.TINY["groups"] and tiny.show_map is False and tiny.history == 0
     assert tiny.clip == crl.CRLConfig.clip and tiny.extractor_free_text is False
     explicit = train.parse_args(["--groups", "3", "--map", "--history", "none", "--bank-use-penalty", "0"])
     assert explicit.groups == 3 and explicit.show_map is True and explicit.history is None
@@ -211,7 +233,7 @@ def test_every_setting_is_a_documented_flag():
     (["--group-size", "3"], "--group-size must be an even number"), (["--top-p", "0"], "--top-p must be > 0"),
     (["--history", "-1"], "--history: '-1' in '-1' is not N or TASK=N"), (["--groups", "x"], "invalid int value"),
     (["--mode", "ppo"], "--mode must be one of crl"), (["--eval-every", "-1"], "--eval-every must be >= 0"),
-    (["--device", "nope"], "is not a device"), (["--loss-agg", "sum"], "--loss-agg must be one of"),
+    (["--device", "nope"], "is not a device"), (["--judge", "maybe"], "--judge must be one of"),
     (["--save-every", "0"], "--save-every must be >= 1"), (["--micro-batch", "0"], "--micro-batch must be >= 1")])
 def test_bad_flag_values_are_one_line_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as exit:
@@ -245,7 +267,7 @@ def test_no_evaluation_runs_and_checkpoints_at_the_end(tmp_path):
 
 def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     from model import load_tokenizer
-    actor = Transformer.tiny(seed=0)
+    actor = tiny_model(seed=0)
     run = crl.Run(crl.CRLConfig(mode="grpo"), ["room"], 0, actor, load_tokenizer("tiny"),
                   torch.optim.AdamW(actor.parameters()), None, None, None, None)
     out = str(tmp_path)
@@ -315,17 +337,17 @@ def fixed_segments(model, n=6, seed=0):
 def bound_loss(name: str, cfg=crl.CRLConfig()) -> tuple:
     """(loss_fn, clip_range) bound as actor_update (grpo) or extractor_update (cispo) binds them."""
     if name == "grpo":
-        return functools.partial(crl.grpo_loss, clip=cfg.clip, agg=cfg.loss_agg), (1 - cfg.clip, 1 + cfg.clip)
-    return (functools.partial(crl.cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high, agg=cfg.loss_agg),
+        return functools.partial(crl.grpo_loss, clip=cfg.clip), (1 - cfg.clip, 1 + cfg.clip)
+    return (functools.partial(crl.cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high),
             (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high))
 
 
 def single_process_update(objective):
-    model = Transformer.tiny(seed=0)
+    model = tiny_model(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
-    crl.policy_update(holder, model, opt, segs, advs, *bound_loss(objective), 1.0)
+    crl.policy_update(holder, crl.Update(model, opt, *bound_loss(objective)), segs, advs)
     return model
 
 
@@ -334,7 +356,7 @@ def test_ddp_update_equals_single_process(tmp_path, objective):
     _torchrun("update", str(tmp_path), objective)
     ddp = torch.load(os.path.join(str(tmp_path), "update.pt"), weights_only=True)
     ref = single_process_update(objective).state_dict()
-    start = Transformer.tiny(seed=0).state_dict()
+    start = tiny_model(seed=0).state_dict()
     assert any(not torch.equal(ref[k], start[k]) for k in ref)   # the update did something
     for k in ref:
         assert torch.allclose(ddp[k], ref[k], atol=1e-6), k
@@ -371,7 +393,7 @@ def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
     write_hf_checkpoint(extractor_dir, 1)
     # a random model almost never writes <ask>, so its first reply is constrained to a question: the
     # rest (retrieval, the extractor's answer, the tool turn, training on it) is the real path
-    from model import Constraint
+    from small.grammar import Constraint
     real, calls = crl.generate, []
 
     def first_reply_asks(model, prompts, *args, **kw):
@@ -398,16 +420,16 @@ def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
     the trainer's recomputation (the CISPO ratio starts at 1)."""
     from model import load_tokenizer
     tok = load_tokenizer("tiny")
-    extractor = Transformer.tiny(seed=5)
+    extractor = tiny_model(seed=5)
     cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_temperature=1.5,
                         extractor_reply_tokens=64)
     run = crl.Run(cfg, ["room"], 0, extractor, tok, None, extractor, tok, None, None)
     run.timer = {"extractor": 0.0}
-    plans = crl.task_plans(run, "room")
+    plans = grammar.task_plans(run, "room")
     assert len(plans) == 8 + 64 and "southeast east" in plans
     prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
     out = crl.extractor_generate(run, [prompt] * 24, ["room"] * 24, crl.seeded_generator("cpu", 0, 1),
-                                 crl.heads_for(run, [1] * 24, ["room"] * 24))
+                                 grammar.heads_for(run, [1] * 24, ["room"] * 24))
     kinds = set()
     for gen_id, reply in out:
         ops, bad = crl.parse_operations(reply, shown=1)
@@ -432,13 +454,13 @@ def test_no_extractor_none_heads_always_write_a_lesson():
     for moves in (1, 0):
         cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=moves, extractor_none=False,
                             extractor_reply_tokens=8, extractor_temperature=3.0)
-        run = crl.Run(cfg, ["room"], 0, None, tok, None, Transformer.tiny(seed=4), tok, None, None)
+        run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
         run.timer = {"extractor": 0.0}
         out = crl.extractor_generate(run, [prompt] * 32, ["room"] * 32, crl.seeded_generator("cpu", 0, 3),
-                                     crl.heads_for(run, [1] * 32, ["room"] * 32))
+                                     grammar.heads_for(run, [1] * 32, ["room"] * 32))
         heads = {reply.split(" ")[0].rstrip(":") for _, reply in out}
         assert heads == {"ADD", "UPDATE"}, heads
-        merge = crl.heads_for(run, [2], ["room"], merge=True)[0]
+        merge = grammar.heads_for(run, [2], ["room"], merge=True)[0]
         assert {tok.decode(c, skip_special_tokens=True).split(" ")[0] for c in merge.completions} == {"UPDATE", "NONE"}
 
 
@@ -448,12 +470,12 @@ def test_lesson_grammar_reply_is_never_cut():
     from model import load_tokenizer
     tok = load_tokenizer("tiny")
     cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_reply_tokens=4)
-    run = crl.Run(cfg, ["room"], 0, None, tok, None, Transformer.tiny(seed=3), tok, None, None)
+    run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=3), tok, None, None)
     run.timer = {"extractor": 0.0}
-    plans = set(crl.task_plans(run, "room"))
+    plans = set(grammar.task_plans(run, "room"))
     prompt = tok.encode("<|im_start|>user\nMerge<|im_end|>\n<|im_start|>assistant\n")
     out = crl.extractor_generate(run, [prompt] * 16, ["room"] * 16, crl.seeded_generator("cpu", 0, 2),
-                                 crl.heads_for(run, [5] * 16, ["room"] * 16, merge=True))
+                                 grammar.heads_for(run, [5] * 16, ["room"] * 16, merge=True))
     replies = [reply for _, reply in out]
     assert all(r == "NONE" or (r.startswith("UPDATE 1,2,3,4,5: ") and r.split(": ", 1)[1] in plans) for r in replies)
     assert any(r != "NONE" for r in replies)
@@ -465,8 +487,8 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
     import envs
     from model import load_tokenizer
     tok, env = load_tokenizer("tiny"), envs.make("room", max_steps=10, show_map=False)
-    cfg = crl.CRLConfig(**{k: v for k, v in train.TINY.items() if hasattr(crl.CRLConfig, k)})
-    model = Transformer.tiny(seed=0)
+    cfg = crl.CRLConfig(**{k: v for k, v in presets.TINY.items() if hasattr(crl.CRLConfig, k)})
+    model = tiny_model(seed=0)
 
     def move_probs(obs, lessons):   # P(reply = each action), from the rollout's own prompt
         system = crl.actor_system_prompt(env, lessons, False, False, False)
@@ -484,7 +506,7 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
         return sum(move_probs(o, [a])[j] for o in obs for j, a in enumerate(env.actions)).item() / (4 * 8), obs
 
     before, _ = follow_rate()
-    train.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
+    presets.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
     after, obs = follow_rate()
     assert before < 0.2 and after > 0.3
     assert max(move_probs(o, []).max().item() for o in obs) < 0.5
@@ -510,7 +532,7 @@ def test_ddp_updates_equal_one_process_on_the_same_episodes(tmp_path):
             assert all(torch.equal(v, c1[when][0][k]) for k, v in c0[when][0].items())
         if not c0["stats"]:
             continue   # the extractor still waits for a full batch of rewarded generations
-        model = Transformer.tiny(seed=0)
+        model = tiny_model(seed=0)
         model.load_state_dict(c0["before"][0])
         opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)
         opt.load_state_dict(c0["before"][1])
@@ -569,21 +591,21 @@ def test_bad_per_task_values_are_one_line_errors(capsys, value):
 
 def test_micro_batches_bound_sequences_and_padded_tokens():
     lengths = [30, 10, 20, 25, 5, 40]                 # sorted: 5, 10, 20, 25, 30, 40 (indices 4, 1, 2, 3, 0, 5)
-    assert crl.micro_batches(lengths, 4, None) == [[4, 1, 2, 3], [0, 5]]
-    assert crl.micro_batches(lengths, 4, 60) == [[4, 1, 2], [3, 0], [5]]   # 3 x 20 = 60; 2 x 30; 40 alone
-    assert crl.micro_batches([20] * 4, 4, 60) == [[0, 1, 2], [3]]          # a fourth would pad to 80
-    assert crl.micro_batches([100], 4, 50) == [[0]]                        # longer than the budget: alone
+    assert parallel.micro_batches(lengths, 4, None) == [[4, 1, 2, 3], [0, 5]]
+    assert parallel.micro_batches(lengths, 4, 60) == [[4, 1, 2], [3, 0], [5]]   # 3 x 20 = 60; 2 x 30; 40 alone
+    assert parallel.micro_batches([20] * 4, 4, 60) == [[0, 1, 2], [3]]          # a fourth would pad to 80
+    assert parallel.micro_batches([100], 4, 50) == [[0]]                        # longer than the budget: alone
 
 
 def test_a_token_budget_leaves_the_update_unchanged():
     """The update is a sum over micro-batches of losses with global denominators: how the batch is cut
     changes nothing but float rounding."""
     def update(**cfg):
-        model = Transformer.tiny(seed=0)
+        model = tiny_model(seed=0)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         segs, advs = fixed_segments(model)
-        crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(**cfg)), model, opt, segs, advs, *bound_loss("grpo"), 1.0)
+        crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(**cfg)), crl.Update(model, opt, *bound_loss("grpo")), segs, advs)
         return model.state_dict()
     a, b = update(micro_batch=6), update(micro_batch=6, micro_tokens=40)   # lengths 10-25: batches of 1-4
-    assert any(not torch.equal(a[k], Transformer.tiny(seed=0).state_dict()[k]) for k in a)
+    assert any(not torch.equal(a[k], tiny_model(seed=0).state_dict()[k]) for k in a)
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

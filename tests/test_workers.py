@@ -14,8 +14,8 @@ from test_paths import tiny_run
 def play_both(task: str, seeds: list[int], workers: int, steps: int, **kw):
     """Random valid replies (plus one unparseable) played on in-process games and on worker games in
     lockstep; every result and the views the trainer reads must agree."""
-    local = crl.EnvPool(workers=0)
-    remote = crl.EnvPool(workers=workers)
+    local = envs.EnvPool(workers=0)
+    remote = envs.EnvPool(workers=workers)
     a = [local.take(task) for _ in seeds]
     b = [remote.take(task) for _ in seeds]
     obs = local.reset_all(a, seeds)

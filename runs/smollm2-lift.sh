@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Rebuilds results/smollm2-lift/: crl x 3 seeds on room with a lesson credited by its lift over the same
+# instance played without experience (--credit lift), then the lesson-following probe on each trained actor.
+# Produced at e30d0ee (the grid) and a7c46e3 (lesson-follow), the algorithm before the release's defaults: to
+# get the committed numbers, run this script in a checkout of that commit.
+# Usage, from anywhere: bash runs/smollm2-lift.sh [ROOT]   writes ROOT/smollm2-lift/ (default ROOT: runs/rebuild;
+# ROOT `results` resumes the committed record). About 1 hour on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${1:-runs/rebuild}
+OUT=$ROOT/smollm2-lift
+
+python reproduce.py --results "$OUT" --modes crl --seeds 3 --iters 60 -- --actor smollm2 --extractor smollm2 \
+    --credit lift
+mkdir -p "$OUT/lesson-follow"
+for seed in 0 1 2; do
+    python -m probes.lesson_follow --run "$OUT/room/crl-seed$seed" --starts 16 > "$OUT/lesson-follow/crl-seed$seed.txt"
+done
