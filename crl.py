@@ -184,6 +184,8 @@ class CRLConfig:
     instructions: bool = setting(True, "task text and reply format in the actor's prompt")
     show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
                                    "message line)", flag="map")
+    list_actions: bool = setting(True, "ALFWorld's observations list the admissible actions (else the game's text "
+                                       "only: 350 tokens a turn fewer; constrained replies are masked to them anyway)")
     lesson_turn: bool = setting(False, "retrieved lessons open the first user turn as a tip instead of closing the "
                                        "system prompt (where a small instruct model reads them: "
                                        "probes/lesson_follow.py)")
@@ -255,7 +257,7 @@ class Run:
             workers = self.cfg.env_workers
             if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps: 138 s serial, 75 s in 2 workers
                 workers = cores_per_rank() if "alfworld" in self.tasks else 0
-            self.pool = envs.EnvPool(self.cfg.show_map, self.cfg.steps, workers)
+            self.pool = envs.EnvPool(self.cfg.show_map, self.cfg.steps, workers, self.cfg.list_actions)
 
 # ---------------------------------------------------------------------------------------------------------
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds

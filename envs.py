@@ -570,21 +570,23 @@ def alfworld_games(split: str = "valid_unseen") -> list[Path]:
 class ALFWorld:
     """ALFWorld household tasks through the real textworld engine. Seed s plays game s mod N of the split
     (a fixed permutation): seeds 0..133 of valid_unseen are its 134 games. The observation is the game's
-    feedback followed by the admissible commands, which are the valid actions. Reward 1 on success,
-    -1 when the step limit ends the episode first (the paper's choice)."""
+    feedback followed by the admissible commands, which are the valid actions (without `list_actions`, the
+    feedback alone: about 350 tokens a turn fewer, for an actor whose replies are constrained to them anyway).
+    Reward 1 on success, -1 when the step limit ends the episode first (the paper's choice)."""
 
-    instruction = ("You are in a household. Complete the task given in the first observation. Each turn, "
-                   "reply with exactly one of the listed admissible actions.")
     failure_reward = -1.0   # what an episode cut short (e.g. out of the actor's context) earns
 
-    def __init__(self, seed=None, split: str = "train", max_steps: int = MAX_STEPS):
+    def __init__(self, seed=None, split: str = "train", max_steps: int = MAX_STEPS, list_actions: bool = True):
         try:
             import textworld  # noqa: F401
             from alfworld.agents.environment.alfred_tw_env import AlfredDemangler  # noqa: F401
         except ImportError as e:
             raise ImportError(f"alfworld needs `pip install alfworld==0.4.2 \"textworld[pddl]\"` ({e})") from None
         alfworld_data_dir(split)  # fail early, with the message that says how to get the data
-        self.split, self.max_steps = split, max_steps
+        self.split, self.max_steps, self.list_actions = split, max_steps, list_actions
+        self.instruction = ("You are in a household. Complete the task given in the first observation. Each turn, "
+                            "reply with exactly one " + ("of the listed admissible actions." if list_actions else
+                                                         "action, e.g. 'go to desk 1' or 'take pen 1 from desk 1'."))
         self._rng = random.Random(seed)
         self._games = None
         self.actions, self.done, self.tw = (), True, None
@@ -614,7 +616,8 @@ class ALFWorld:
 
     def _render(self, text: str, state) -> str:
         self.actions = tuple(c for c in state["admissible_commands"] if c not in ("help",))
-        return " ".join(text.split()) + "\nAdmissible actions: " + ", ".join(self.actions) + "."
+        listed = "\nAdmissible actions: " + ", ".join(self.actions) + "." if self.list_actions else ""
+        return " ".join(text.split()) + listed
 
     def step(self, reply: str):
         action, info = begin_step(self, reply)
@@ -809,9 +812,9 @@ class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
     ALFWorld games and WebShop goals from their held-out splits (HELD_OUT), training from train."""
 
-    def __init__(self, show_map: bool = True, steps=task_steps, workers: int = 0):
+    def __init__(self, show_map: bool = True, steps=task_steps, workers: int = 0, list_actions: bool = True):
         self.free: dict[tuple, list] = {}
-        self.show_map, self.steps = show_map, steps   # steps(task): its actions per episode
+        self.show_map, self.steps, self.list_actions = show_map, steps, list_actions   # steps(task): its actions
         self.workers = GameWorkers(workers) if workers else None
 
     def take(self, task, train=True):
@@ -823,6 +826,8 @@ class EnvPool:
             kw["split"] = "train" if train else HELD_OUT[task]
         if task in MINIHACK:
             kw["show_map"] = self.show_map
+        if task == "alfworld":
+            kw["list_actions"] = self.list_actions
         return self.workers.make(task, **kw) if self.workers else make(task, **kw)
 
     def give(self, task, train, env):

@@ -27,12 +27,13 @@ TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 # verdict (0 of 512), so either way it would drop nearly every lesson.
 # Per task: the room, maze and vault grids ran 10 actions (every other task plays its own budget); the whole
 # episode stays in context up to SmolLM2's own 8,192 positions, except WebShop's pages (about 800 tokens each,
-# 10 of them outgrow it): its last 2 turns; a micro-batch holds at most 8,192 padded tokens (eight 30-action
-# Sokoban episodes in one took 19 GB and were killed).
+# 10 of them outgrow it): its last 2 turns; ALFWorld's observations go without their list of admissible actions
+# (350 tokens a turn: 30 actions outgrew 8,192 positions; the replies are constrained to that list anyway); a
+# micro-batch holds at most 8,192 padded tokens (eight 30-action Sokoban episodes in one took 19 GB and were killed).
 SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, warmup=2, free_text=False, lesson_turn=True,
-               instructions=False, show_map=False, max_steps="room=10,maze=10,vault=10", history="webshop=2",
-               max_context=8192, micro_batch=8, micro_tokens=8192, eval_every=10, eval_episodes=32, eval_batch=64,
-               iters=60, dtype="bfloat16", judge="none")
+               instructions=False, show_map=False, list_actions=False, max_steps="room=10,maze=10,vault=10",
+               history="webshop=2", max_context=8192, micro_batch=8, micro_tokens=8192, eval_every=10, eval_episodes=32,
+               eval_batch=64, iters=60, dtype="bfloat16", judge="none")
 # --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are
 # constrained, a lesson is one move word (which the actor above follows), and it must write one (a NONE is never
 # credited: --no-extractor-none)

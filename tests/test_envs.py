@@ -668,3 +668,28 @@ def test_play_cli_vault():
     assert res.returncode == 0, res.stderr
     assert "peach misty newt vault" in res.stdout and "Action not understood: 'sideways'" in res.stdout
     assert "The east door is locked." in res.stdout and "success=True return=1" in res.stdout
+
+
+def test_a_run_without_the_action_list_plays_the_same_alfworld_game_with_a_shorter_observation():
+    """--no-list-actions: the run's pool gives ALFWorld games whose observations are the game's text alone (no
+    admissible list, ~350 tokens a turn fewer), with the same valid actions, steps and outcome as listed."""
+    from types import SimpleNamespace
+    import crl
+    seen = {}
+    for listed in (True, False):
+        cfg = crl.CRLConfig(list_actions=listed, env_workers=0)
+        run = SimpleNamespace(cfg=cfg, tasks=["alfworld"], pool=None)
+        crl.Run.__post_init__(run)    # builds the run's pool from its settings, as training does
+        env = run.pool.take("alfworld", train=False)
+        obs = [env.reset(seed=57)]
+        actions = [env.actions]
+        for a in json.loads(env.game_file.read_text())["walkthrough"]:
+            o, r, done, info = env.step(a)
+            obs.append(o)
+            actions.append(env.actions)
+        seen[listed] = (obs, actions, r, info["success"], env.instruction)
+    (listed_obs, listed_actions, *outcome), (bare_obs, bare_actions, *bare_outcome) = seen[True], seen[False]
+    assert listed_actions == bare_actions and outcome[:2] == bare_outcome[:2] == [1.0, True]
+    assert all("Admissible actions: " in o for o in listed_obs) and not any("Admissible" in o for o in bare_obs)
+    assert [o.split("\nAdmissible actions: ")[0] for o in listed_obs] == bare_obs   # the game's text, unchanged
+    assert "listed" in outcome[2] and "listed" not in bare_outcome[2]
