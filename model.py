@@ -4,7 +4,7 @@ It opens with the decoder: one hand-written `Transformer` serves Qwen3 (q/k RMSN
 and Llama (llama3 rope scaling), chosen from a Hugging Face checkpoint's config.json. The formats live below it
 in hf.py (config.json, safetensors read and write, the packaged GGUF conversion, the tokenizers), which
 `Transformer.from_pretrained` / `save_pretrained` call; the names callers import from here (`ModelConfig`,
-`load_tokenizer`, `ByteTokenizer`, `checkpoint_dir`, `PACKAGED`, ...) are hf's, re-exported.
+`load_tokenizer`, `ByteTokenizer`, `checkpoint_dir`, `PACKAGED`) are hf's, re-exported.
 Around the decoder:
   - `Session` + `generate`: batched sampling over a KV cache written in place. A Session keeps live multi-turn
     conversations (one cache row each) so every turn prefills only its new tokens.
@@ -24,9 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from hf import ByteTokenizer, ModelConfig, checkpoint_dir, hf_name, read_config, read_weights, write_checkpoint
-# re-exported, so `from model import load_tokenizer, PACKAGED, ...` keeps working for callers
-from hf import ARCHITECTURES, PACKAGED, ROPE_TYPES, cache_dir, convert_gguf, convert_once, load_tokenizer  # noqa: F401
+from hf import ModelConfig, checkpoint_dir, hf_name, read_config, read_weights, write_checkpoint
+from hf import PACKAGED, ByteTokenizer, load_tokenizer  # noqa: F401  (re-exported: callers import them from here)
 from kernels import apply_rope, decode_attention, rmsnorm, selective_log_softmax
 
 # -----------------------------------------------------------------------------------------------------------

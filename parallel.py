@@ -7,7 +7,7 @@ ranks (up to float rounding). crl.py calls it at a few fixed points, train.py wh
 
 - Policy updates. `policy_update` takes an objective (crl's GRPO or CISPO loss, its settings bound), a batch
   and its advantages; it splits the batch into micro-batches of similar lengths, divides each loss by the
-  global sequence and token counts, sums gradients over ranks, clips the norm and steps.
+  global sequence count, sums gradients over ranks, clips the norm and steps.
 
 - Mixed precision. The trained weights (the "masters") and AdamW's state stay fp32 while forward and
   backward compute in bf16: autocast without FSDP, FSDP's MixedPrecisionPolicy with it. bf16 masters would

@@ -51,7 +51,7 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
     them, over observations of random play. It teaches no task skill: the lesson is random, so the target
     is unrelated to the game; half the prompts carry no lesson and a random move as the target, which keeps
     the lesson-free policy near uniform (the init RL explores from)."""
-    rng, pool = random.Random(seed), envs.EnvPool(cfg.show_map, cfg.steps)
+    rng, pool = random.Random(seed), envs.EnvPool(cfg.show_map, cfg.steps, list_actions=cfg.list_actions)
     games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example
     examples = []
     for _ in range(batch * 32):
