@@ -12,8 +12,11 @@
                             reference; WebShop also its search alone, ms/query)
   python bench.py kernels   each Triton kernel vs its torch reference on the same inputs (CUDA only)
   python bench.py gpu       on one GPU, a Qwen2.5-0.5B-shaped random checkpoint in bf16: generate and decode
-                            tokens/s, training tokens/s and peak memory, ours vs transformers; decode's FLOP/s
-                            as a share of a large bf16 matmul's (CUDA; `--device cpu --small` smoke-tests it)
+                            tokens/s, training tokens/s, its model FLOPs as a share of a large bf16 matmul's
+                            (MFU) and peak memory, ours vs transformers; then the decode step (0.5B and
+                            SmolLM2-135M shapes, batch 1/8/32/64) with and without decode graphs, beside
+                            transformers and as a multiple of the memory roof (CUDA; `--device cpu --small`
+                            smoke-tests it)
   python bench.py step      seconds per crl.train_step on the tiny preset, mode crl vs mode grpo (same seeds and
                             groups): the cost of co-evolving the extractor and the bank, split by phase; with
                             `--compare distill`, distillation inline vs on the bank's thread during the actor
@@ -501,18 +504,53 @@ QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, nu
                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
                   rope_theta=1e6, tie_word_embeddings=True)
 GPU_SIZES = dict(batch=32, prompt=128, new=128, train_batch=8, seq=1024, matmul=8192)
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                    rope_theta=1e5, tie_word_embeddings=True)
 SMALL = dict(QWEN25_05B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)  # --small: the same code on a CPU in seconds
 SMALL_SIZES = dict(batch=4, prompt=16, new=8, train_batch=2, seq=64, matmul=256)
+STEP_SHAPES = {"Qwen2.5-0.5B": ("qwen2", QWEN25_05B), "SmolLM2-135M": ("llama", SMOLLM2_135M)}
+STEP_BATCHES = (1, 8, 32, 64)
+TARGETS = {"Qwen2.5-0.5B": 3.0, "SmolLM2-135M": 2.0}   # ms a decode step at batch 32
+TARGET_ROOF, TARGET_VS_HF, TARGET_MFU = 10.0, 10.0, 40.0
 
 
-def _random_qwen2(shape: dict, path: str):
-    """transformers' own Qwen2 with its random init, saved in bf16: what both sides load."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _random_qwen2(shape: dict, path: str, arch: str = "qwen2"):
+    """transformers' own Qwen2 (or Llama) with its random init, saved in bf16: what both sides load."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     _quiet_transformers()
     torch.manual_seed(0)
-    cfg = Qwen2Config(**shape, eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    config, model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    model(config(**shape, eos_token_id=None, bos_token_id=None, pad_token_id=0)).to(torch.bfloat16).save_pretrained(path)
+
+
+def _copy_bandwidth(device, n_bytes: int, reps=20) -> float:
+    """Bytes/s of a device-to-device copy, counting the bytes read and the bytes written: the memory roof."""
+    src = torch.randn(n_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _, dt = _timed(lambda: [dst.copy_(src) for _ in range(reps)], torch.device(device).type == "cuda")
+    return 2 * n_bytes * reps / dt
+
+
+def _roof_ms(model, batch: int, context: float, bandwidth: float) -> float:
+    """The fewest bytes a decode step moves (every weight once, tied ones once, and each row's K/V cache of
+    `context` positions) over the copy bandwidth."""
+    c = model.config
+    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * context * batch
+    return (model.num_params() + kv) * model.dtype.itemsize / bandwidth * 1e3
+
+
+def _train_flops(model, mask) -> float:
+    """The step's model FLOPs: 6 per weight per position through the blocks (forward 2, backward 4), causal
+    attention (q.k and p.v over the positions before each), and lm_head for the scored tokens only."""
+    c = model.config
+    B, T = mask.shape
+    head = c.vocab_size * c.hidden_size
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) - head
+    attention = 3 * 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * (T / 2)
+    return B * T * (6 * body + attention) + 6 * head * int(mask[:, 1:].sum())
 
 
 def _matmul_flops(n: int, device, reps=20) -> float:
@@ -592,10 +630,80 @@ def bench_gpu(a):
     for r in res.values():
         r["decode TFLOP/s"] = r["decode tok/s"] * per_token / 1e12
         r["decode share of peak %"] = 100 * r["decode tok/s"] * per_token / peak
+        r["train MFU %"] = 100 * _train_flops(ours, mask) * r["train tok/s"] / (a.train_batch * a.seq) / peak
     _print_gpu_table(a, ours, device, res, peak, per_token)
     (f32_frac, f32_mean), (bf16_frac, bf16_mean) = moved[torch.float32], moved[torch.bfloat16]
     print(f"  AdamW lr 1e-6, {LR_STEPS} steps, bf16 compute: weights moved {100 * f32_frac:.1f}% with fp32 masters, "
           f"{100 * bf16_frac:.1f}% with bf16 masters; mean |step| bf16 / fp32 masters = {bf16_mean / f32_mean:.3f}")
+    del ours, hf
+    steps = _decode_steps(a, device)
+    _print_decode_steps(a, steps, res["ours"]["train MFU %"])
+
+
+def _step_ms(run, n: int, cuda: bool, tries=2) -> float:
+    """Milliseconds a decode step: run(k) generates k tokens a row; (run(n) - run(2)) / (n - 2), each the
+    fastest of `tries`, so the prefill, the first token and a graph's capture (all in run(2)) cancel."""
+    run(2)
+    long = min(_timed(lambda: run(n), cuda)[1] for _ in range(tries))
+    short = min(_timed(lambda: run(2), cuda)[1] for _ in range(tries))
+    return (long - short) / (n - 2) * 1e3
+
+
+def _decode_steps(a, device) -> dict:
+    """{(shape, batch): ms a step of ours with decode graphs, ours eager, transformers, and the memory roof}:
+    random bf16 checkpoints, a.prompt-token prompts, sampling at temperature 1, every row the full length."""
+    from model import Session, Transformer, generate
+    cuda = device.type == "cuda"
+    bandwidth = _copy_bandwidth(device, 2**30 if cuda else 2**24)
+    shapes, batches = ({"small": ("qwen2", SMALL)}, (1, 4)) if a.small else (STEP_SHAPES, STEP_BATCHES)
+    out = {"bandwidth": bandwidth}
+    for name, (arch, shape) in shapes.items():
+        with tempfile.TemporaryDirectory() as path:
+            _random_qwen2(shape, path, arch)
+            ours = Transformer.from_pretrained(path, dtype=torch.bfloat16, device=device)
+            hf = _hf_model(path, torch.bfloat16).to(device)
+        for b in batches:
+            prompts = torch.randint(1, shape["vocab_size"], (b, a.prompt), generator=torch.Generator().manual_seed(b))
+
+            def ours_run(k, graphs):
+                session = Session(ours, b, a.prompt + k, graphs=graphs)
+                generate(ours, prompts.tolist(), k, temperature=1.0, seed=0, session=session, rows=list(range(b)))
+
+            def hf_run(k):
+                x = prompts.to(device)
+                with torch.no_grad():
+                    hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=k, min_new_tokens=k,
+                                do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+            out[name, b] = {"roof": _roof_ms(ours, b, a.prompt + 16, bandwidth),
+                            "graphs": _step_ms(lambda k: ours_run(k, True), 66, cuda) if cuda else float("nan"),
+                            "eager": _step_ms(lambda k: ours_run(k, False), 34, cuda),
+                            "transformers": _step_ms(hf_run, 34, cuda)}
+        del ours, hf
+    return out
+
+
+def _print_decode_steps(a, steps: dict, mfu: float):
+    print(f"decode step, ms (prompt {a.prompt}, bf16, sampling at temperature 1; from the time of 66 or 34 tokens "
+          f"minus that of 2); roof = every weight and the mean K/V cache read once at the measured copy "
+          f"bandwidth, {steps['bandwidth'] / 1e12:.3g} TB/s")
+    print(f"  {'shape':14s} {'batch':>5s} {'roof':>7s} {'graphs':>8s} {'x roof':>7s} {'eager':>8s} "
+          f"{'transformers':>12s} {'graphs vs transformers':>23s}")
+    for key, r in steps.items():
+        if key == "bandwidth":
+            continue
+        (name, b), g = key, r["graphs"]
+        graphs = f"{g:8.3f} {g / r['roof']:6.1f}x" if g == g else f"{'-':>8s} {'-':>7s}"   # nan: no CUDA
+        print(f"  {name:14s} {b:5d} {r['roof']:7.3f} {graphs} {r['eager']:8.3f} {r['transformers']:12.3f} "
+              + (f"{r['transformers'] / g:22.1f}x" if g == g else f"{'-':>23s}   (graphs: CUDA only)"))
+    if a.small:
+        return
+    for name, target in TARGETS.items():
+        r = steps[name, 32]
+        met = r["graphs"] <= target and (name != "Qwen2.5-0.5B" or (r["graphs"] <= TARGET_ROOF * r["roof"] and
+                                                                     r["transformers"] >= TARGET_VS_HF * r["graphs"]))
+        print(f"  target {name} batch 32: <= {target} ms" + (f", <= {TARGET_ROOF:g}x roof, >= {TARGET_VS_HF:g}x "
+              "transformers" if name == "Qwen2.5-0.5B" else "") + f": {'met' if met else 'MISSED'}")
+    print(f"  target training MFU >= {TARGET_MFU:g}%: {mfu:.1f}%, {'met' if mfu >= TARGET_MFU else 'MISSED'}")
 
 
 LR_STEPS = 10

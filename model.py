@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from cudagraphs import DecodeGraphs, default_on
 from hf import ModelConfig, checkpoint_dir, hf_name, read_config, read_weights, write_checkpoint
 from hf import PACKAGED, ByteTokenizer, load_tokenizer  # noqa: F401  (re-exported: callers import them from here)
 from kernels import apply_rope, decode_attention, rmsnorm, selective_log_softmax
@@ -408,13 +409,17 @@ class Session:
     needs more positions, so short windowed turns never pay for a long max_len. Rows not in a call cost
     nothing."""
 
-    def __init__(self, model: Transformer, max_batch: int, max_len: int):
+    def __init__(self, model: Transformer, max_batch: int, max_len: int, graphs: bool | None = None):
+        """graphs: decode steps replay CUDA graphs (default: cudagraphs.default_on), which adds a scratch cache
+        row (row max_batch) for their padding."""
         if max_batch < 1 or max_len < 1:
             raise ValueError(f"Session needs max_batch >= 1 and max_len >= 1, got {max_batch}, {max_len}")
         self.model, self.max_batch, self.max_len = model, max_batch, max_len
+        graphs = default_on(model.device) if graphs is None else graphs
+        self.graphs = DecodeGraphs(self._decode_hidden, scratch_row=max_batch) if graphs else None
         self.k = self.v = None
         self.reserve(min(max_len, 256))
-        self.lengths = torch.zeros(max_batch, dtype=torch.long, device=model.device)
+        self.lengths = torch.zeros(max_batch + graphs, dtype=torch.long, device=model.device)
         self.pending: dict[int, list[int]] = {}
 
     def reserve(self, need: int):
@@ -423,11 +428,13 @@ class Session:
         if need <= have:
             return
         c, size = self.model.config, min(self.max_len, max(need, 2 * have))
-        shape = (c.num_hidden_layers, self.max_batch, c.num_key_value_heads, size, c.head_dim)
+        shape = (c.num_hidden_layers, self.max_batch + bool(self.graphs), c.num_key_value_heads, size, c.head_dim)
         k, v = (torch.zeros(shape, dtype=self.model.dtype, device=self.model.device) for _ in range(2))
         if have:
             k[..., :have, :], v[..., :have, :] = self.k, self.v
         self.k, self.v = k, v
+        if self.graphs:
+            self.graphs.clear()   # they hold the old cache's addresses
 
     def release(self, rows: list[int]):
         """Forget these conversations; their rows can be reused."""
@@ -470,23 +477,25 @@ class Session:
         """Append `new[i]` (ragged, non-empty) to conversation rows[i] in one batched call; returns the
         fp32 logits [len(rows), V] after each row's last new token."""
         dev = self.model.device
-        ids = torch.zeros(len(rows), max(len(x) for x in new), dtype=torch.long)
-        for i, x in enumerate(new):
-            ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
+        ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(x, dtype=torch.long) for x in new], batch_first=True)
         n, rows_t = torch.tensor([len(x) for x in new], device=dev), torch.tensor(rows, device=dev)
         self.reserve(int((self.lengths[rows_t] + n).max()))    # one device read, not one per row
         step = _CacheStep.for_prefill(self, rows_t, n, ids.shape[1])
         x = self.model._body(ids.to(dev), step.positions, cache=step)
         self.lengths[step.rows] += n
-        return self._logits(x[torch.arange(len(rows), device=dev), n - 1])
+        return self.model.lm_head(self.model.norm(x[torch.arange(len(rows), device=dev), n - 1])).float()
 
     @torch.no_grad()
     def decode(self, rows_t: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (rows_t [B] long, tokens [B] long); returns fp32 logits [B, V]."""
-        step = _CacheStep.for_decode(self, rows_t)
-        x = self.model._body(tokens[:, None], step.positions, cache=step)
+        h = self.graphs.run(rows_t, tokens) if self.graphs else self._decode_hidden(rows_t, tokens)
         self.lengths[rows_t] += 1
-        return self._logits(x[:, 0])
+        return self.model.lm_head(h).float()
+
+    def _decode_hidden(self, rows_t: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step up to the final-norm hidden states [B, hidden] (what a decode graph captures)."""
+        step = _CacheStep.for_decode(self, rows_t)
+        return self.model.norm(self.model._body(tokens[:, None], step.positions, cache=step)[:, 0])
 
     def feed(self, rows: list[int], chunks: list[list[int]]) -> torch.Tensor:
         """Next-token logits after feeding each row its chunk: one decode step when every chunk is a single
@@ -495,9 +504,6 @@ class Session:
             return self.prefill(rows, chunks)
         dev = self.model.device
         return self.decode(torch.tensor(rows, device=dev), torch.tensor([c[0] for c in chunks], device=dev))
-
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.model.norm(h)).float()
 
 
 class _Reply:

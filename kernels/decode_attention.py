@@ -3,8 +3,8 @@ ragged cache lengths, rows addressed by index into a preallocated cache).
 
 `decode_attention_ref` is the spec (plain torch); `decode_attention_triton` runs one Triton program per
 (query row, kv head) that serves all the query heads sharing that kv head, so each cache block is read
-once per group, and walks the row's valid cache in blocks with an online softmax (flash-decoding style,
-without the split across programs). `decode_attention` (imported by model.py) picks between them.
+once per group, and walks the row's valid cache in blocks with an online softmax and matrix-unit dot
+products (flash-decoding style, without the split across programs). `decode_attention` (imported by model.py) picks between them.
 """
 import math
 import torch
@@ -34,13 +34,15 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
     def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, lengths_ptr, o_ptr, scale,
                                  GROUP, D,
                                  sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh,
-                                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-        """Program (b, kv head j): q heads j*GROUP .. j*GROUP+GROUP-1 form a [BLOCK_G, BLOCK_D] tile. For each
-        block of BLOCK_N cache positions the scores [BLOCK_G, BLOCK_N] are a broadcast multiply-and-sum over D
-        (exact fp32, and no minimum tile size as tl.dot would need for small groups), then the running max m,
-        normaliser l and output accumulator are rescaled: the usual online softmax. Padded lanes (head_dim not a
-        power of two, group not a power of two) load zeros and are never stored; positions past the row's
-        length get a score of -inf. The head dim is assumed contiguous (stride 1) in q, k, v and o."""
+                                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 PRECISION: tl.constexpr):
+        """Program (b, kv head j): q heads j*GROUP .. j*GROUP+GROUP-1 form a [BLOCK_G, BLOCK_D] tile (padded to
+        the 16 rows a matrix instruction needs). For each block of BLOCK_N cache positions the scores
+        [BLOCK_G, BLOCK_N] and the weighted values are two tl.dot products around the usual online softmax
+        (running max m, normaliser l, accumulator). The operands are fp32 (Triton's interpreter miscomputes
+        bf16 dots): tf32 for a bf16 cache, whose values tf32 holds exactly, IEEE fp32 for an fp32 one.
+        Padded lanes load zeros and are never stored; positions past the row's length get a score of -inf. The
+        head dim is assumed contiguous (stride 1) in q, k, v and o."""
         b = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1).to(tl.int64)
         row = tl.load(rows_ptr + b).to(tl.int64)
@@ -50,8 +52,7 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         n = tl.arange(0, BLOCK_N)
         q_mask = (g[:, None] < GROUP) & (d[None, :] < D)
         q_heads = kv_head * GROUP + g
-        q = tl.load(q_ptr + b * sqb + q_heads[:, None] * sqh + d[None, :], mask=q_mask, other=0.0)
-        q = q.to(tl.float32) * scale
+        q = tl.load(q_ptr + b * sqb + q_heads[:, None] * sqh + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
         k_row = k_ptr + row * skb + kv_head * skh
         v_row = v_ptr + row * svb + kv_head * svh
         m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
@@ -62,13 +63,13 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
             kv_mask = (pos[:, None] < length) & (d[None, :] < D)
             k = tl.load(k_row + pos[:, None] * skn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             v = tl.load(v_row + pos[:, None] * svn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale   # [BLOCK_G, BLOCK_N]
             s = tl.where(pos[None, :] < length, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds at least one valid position
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
             m = m_new
         out = acc / l[:, None]
         tl.store(o_ptr + b * sob + q_heads[:, None] * soh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask)
@@ -78,8 +79,7 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
                                 rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
                                 *, block_n: int | None = None) -> torch.Tensor:
         """Same contract as decode_attention_ref (every length must be >= 1). `block_n` overrides the number of
-        cache positions per step (a power of two); by default the [group, block_n, head_dim] product tile is
-        kept near 8K elements so it stays in registers on a GPU."""
+        cache positions per step (a power of two, at least 16; default 64)."""
         if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
             raise ValueError(f"decode_attention: expected q [B, Hq, D] and k/v caches [Bmax, Hkv, L, D] of one shape, "
                              f"got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
@@ -98,13 +98,13 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         if B == 0:
             return out
         group = Hq // Hkv
-        block_g, block_d = triton.next_power_of_2(group), triton.next_power_of_2(D)
-        block_n = block_n or max(16, min(128, triton.next_power_of_2(8192 // (block_g * block_d))))
+        block_g, block_d = max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(D))
         _decode_attention_kernel[(B, Hkv)](
             q, k_cache, v_cache, rows.contiguous(), lengths.contiguous(), out, scale, group, D,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-            BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d)
+            BLOCK_G=block_g, BLOCK_N=block_n or 64, BLOCK_D=block_d,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         return out
 
 

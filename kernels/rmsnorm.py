@@ -1,7 +1,7 @@
 """RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32.
 
-`rmsnorm_ref` is the spec (plain torch, used on CPU and whenever autograd needs a backward);
-`rmsnorm_triton` is one Triton program per row; `rmsnorm` (imported by model.py) picks between them.
+`rmsnorm_ref` is the spec (plain torch, used on CPU); `rmsnorm_triton` is one Triton program per row, with
+a Triton backward when autograd needs one; `rmsnorm` (imported by model.py) picks between them.
 """
 import torch
 
@@ -38,9 +38,54 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
             tl.store(y_row + cols, ((x * rstd) * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+    @triton.jit
+    def _rmsnorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_ptr, n_rows, n_cols, x_row_stride, dy_row_stride,
+                            eps, BLOCK: tl.constexpr):
+        """Program p takes rows p, p + P, p + 2P, ... (P programs), each in one BLOCK-wide chunk: with
+        g = dy * w and r = rsqrt(mean(x^2) + eps) recomputed from x, dx = r * (g - x * r^2 * mean(g * x)); its
+        share of dw = sum over rows of dy * x * r is kept in registers and stored as row p of a [P, N] buffer."""
+        pid = tl.program_id(0).to(tl.int64)   # the row index below is int64 too: no 32-bit offset overflow
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK], dtype=tl.float32)
+        for row in range(pid, n_rows, tl.num_programs(0)):
+            x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+            g = dy * w
+            dx = rstd * (g - x * (rstd * rstd) * (tl.sum(g * x, axis=0) / n_cols))
+            tl.store(dx_ptr + row * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw += dy * x * rstd
+        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+
+
+    class _RMSNorm(torch.autograd.Function):
+        """rmsnorm_triton with a backward: saves x (in its own dtype) and recomputes the statistics."""
+        @staticmethod
+        def forward(ctx, x, weight, eps):
+            ctx.save_for_backward(x, weight)
+            ctx.eps = eps
+            return rmsnorm_triton(x, weight, eps)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, weight = ctx.saved_tensors
+            n = x.shape[-1]
+            x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)
+            x2, dy2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (x2, dy2))
+            programs = max(1, min(x2.shape[0], BACKWARD_PROGRAMS))
+            dx = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+            dw = torch.empty(programs, n, dtype=torch.float32, device=x.device)
+            _rmsnorm_bwd_kernel[(programs,)](x2, weight, dy2, dx, dw, x2.shape[0], n, x2.stride(0), dy2.stride(0),
+                                             ctx.eps, BLOCK=triton.next_power_of_2(n), num_warps=8 if n >= 2048 else 4)
+            return dx.view(x.shape), dw.sum(0).to(weight.dtype), None
+
+
     def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int | None = None) -> torch.Tensor:
-        """Same contract as rmsnorm_ref (x [..., N], weight [N]); forward only (no autograd graph).
-        `block` overrides the chunk width (a power of two), for tests of the multi-chunk loop."""
+        """Same contract as rmsnorm_ref (x [..., N], weight [N]); forward only (no autograd graph; `_RMSNorm`
+        adds the backward). `block` overrides the chunk width (a power of two), for tests of the multi-chunk
+        loop."""
         n = x.shape[-1]
         if weight.shape != (n,):
             raise ValueError(f"rmsnorm: weight has shape {tuple(weight.shape)}, expected ({n},) to match x's last dim")
@@ -57,10 +102,15 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         return y.view(x.shape)
 
 
+BACKWARD_MAX_N = 8192   # the backward holds a row in one chunk; wider rows (no model here has them) take the ref
+BACKWARD_PROGRAMS = 1024   # at most this many backward programs, each summing its rows' share of dw
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward), the torch
-    reference otherwise."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if x.is_cuda and triton is not None and not needs_grad:
-        return rmsnorm_triton(x, weight, eps)
-    return rmsnorm_ref(x, weight, eps)
+    """Triton on CUDA (where installed), through `_RMSNorm` when a gradient is needed; the torch reference
+    otherwise."""
+    if not (x.is_cuda and triton is not None):
+        return rmsnorm_ref(x, weight, eps)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _RMSNorm.apply(x, weight, eps) if x.shape[-1] <= BACKWARD_MAX_N else rmsnorm_ref(x, weight, eps)
+    return rmsnorm_triton(x, weight, eps)

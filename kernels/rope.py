@@ -3,7 +3,8 @@ each head dimension form the (real, imaginary) pairs.
 
 `apply_rope_ref` is the spec (plain torch); `apply_rope_triton` runs one Triton program per (batch, position)
 that rotates every head of that token, reading x through its strides (q/k are usually views of a fused
-projection). `apply_rope` (imported by model.py) picks between them.
+projection). The rotation is orthogonal, so its backward is the rotation by minus the angle: the same kernel
+with sin negated. `apply_rope` (imported by model.py) picks between them.
 """
 import torch
 
@@ -41,7 +42,7 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
 
 
     def apply_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Same contract as apply_rope_ref; forward only (no autograd graph). x may be any strided view;
+        """Same contract as apply_rope_ref; forward only (`_Rope` adds the backward). x may be any strided view;
         cos/sin need a unit stride on their last dim only (a batch-broadcast expand() is fine)."""
         if x.dim() != 4 or x.shape[-1] % 2:
             raise ValueError(f"apply_rope: x must be [B, T, H, D] with an even D, got shape {tuple(x.shape)}")
@@ -63,9 +64,22 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         return y
 
 
+    class _Rope(torch.autograd.Function):
+        """apply_rope_triton with a backward (cos and sin are constants: positions have no gradient)."""
+        @staticmethod
+        def forward(ctx, x, cos, sin):
+            ctx.save_for_backward(cos, sin)
+            return apply_rope_triton(x, cos, sin)
+
+        @staticmethod
+        def backward(ctx, dy):
+            cos, sin = ctx.saved_tensors
+            return apply_rope_triton(dy, cos, -sin), None, None
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward), the torch
-    reference otherwise."""
-    if x.is_cuda and triton is not None and not (torch.is_grad_enabled() and x.requires_grad):
-        return apply_rope_triton(x, cos, sin)
-    return apply_rope_ref(x, cos, sin)
+    """Triton on CUDA (where installed), through `_Rope` when a gradient is needed; the torch reference
+    otherwise."""
+    if not (x.is_cuda and triton is not None):
+        return apply_rope_ref(x, cos, sin)
+    return _Rope.apply(x, cos, sin) if torch.is_grad_enabled() and x.requires_grad else apply_rope_triton(x, cos, sin)

@@ -372,3 +372,76 @@ def test_seed_and_generator_reproducible(tiny):
     c = generate(tiny, prompts, 10, seed=4)
     assert [s.tokens for s in a] == [s.tokens for s in b]
     assert [s.tokens for s in a] != [s.tokens for s in c]
+
+
+# ---------------------------------------------------------------- decode graphs (cudagraphs.py)
+def graph_vs_eager(model, tol=1e-4):
+    """One multi-turn script through a Session that replays decode graphs and one that decodes eagerly, each
+    turn's replies compared: batches of 7 (padded to 8; one row stops early), 3 with a row joining, then 20 of a 20-row session
+    (padded to 32) whose long prompts grow the cache (the graphs are dropped and captured again); greedy and
+    seeded sampling; constrained rows that jump forward (a step with a jump is a prefill) and leave early. Then the caches: live rows equal, rows never fed
+    still empty, the scratch row's length 0. Returns (the graph session, decode steps, captures)."""
+    tok, dev = ByteTokenizer(), model.device
+    cons = Constraint.from_strings(tok, ["north", "northeast", "south"])
+    graph, eager = Session(model, 20, 1200, graphs=True), Session(model, 20, 1200, graphs=False)
+    calls = {"decode": 0, "capture": 0}
+
+    def counting(name, fn):
+        return lambda *a: calls.__setitem__(name, calls[name] + 1) or fn(*a)
+    eager.decode = counting("decode", eager.decode)
+    graph.graphs.capture = counting("capture", graph.graphs.capture)
+    turns = [(list(range(7)), 10, 0.0, 8, False), ([2, 7, 0], 12, 1.0, 14, True),
+             (list(range(20)), 9, 0.0, 300, False), (list(range(20)), 6, 1.0, 5, True)]
+    for t, (rows, n, temperature, longest, constrained) in enumerate(turns):
+        prompts = _prompts(len(rows), 1, longest + 1, 250, seed=40 + t)
+        kw = dict(temperature=temperature, rows=rows,
+                  constraint=[cons if constrained and r % 3 == 1 else None for r in rows])
+        if t == 0:   # a stop id that ends row 0 early: the batch shrinks inside its bucket
+            kw["stop"] = [generate(model, prompts, n, temperature=0)[0].tokens[2]]
+        a = generate(model, prompts, n, session=graph, generator=torch.Generator(dev).manual_seed(t), **kw)
+        b = generate(model, prompts, n, session=eager, generator=torch.Generator(dev).manual_seed(t), **kw)
+        assert [s.tokens for s in a] == [s.tokens for s in b], f"turn {t}"
+        assert [s.finish_reason for s in a] == [s.finish_reason for s in b]
+        for x, y in zip(a, b):
+            assert np.allclose(x.logprobs, y.logprobs, atol=tol), f"turn {t}"
+    assert graph.k.shape[3] > 256 and graph.k.shape[1] == 21 and eager.k.shape[1] == 20
+    assert torch.equal(graph.lengths[:20], eager.lengths) and graph.lengths[20] == 0
+    for cg, ce in ((graph.k, eager.k), (graph.v, eager.v)):
+        torch.testing.assert_close(cg[:, :20].float(), ce.float(), rtol=0, atol=tol * 10)
+    return graph, calls["decode"], calls["capture"]
+
+
+def test_decode_graphs_pad_replay_and_recapture_like_eager(tiny, monkeypatch):
+    """On CPU a stand-in replays the captured step eagerly on the same fixed buffers, and fails if the cache it
+    was captured on has been replaced (as a real graph would write freed memory); tests/test_gpu.py runs the
+    same script on real CUDA graphs."""
+    import cudagraphs
+
+    def capture(self, size, device):
+        rows = torch.full((size,), self.scratch, dtype=torch.long)
+        tokens = torch.zeros(size, dtype=torch.long)
+        session, hidden = self.body.__self__, self.body(rows, tokens)
+        captured_on = session.k
+
+        class Replay:
+            def replay(_):
+                assert session.k is captured_on, "replayed a graph captured on a cache that has since grown"
+                hidden.copy_(self.body(rows, tokens))
+        return Replay(), rows, tokens, hidden
+    monkeypatch.setattr(cudagraphs.DecodeGraphs, "capture", capture)
+    graph, decodes, captures = graph_vs_eager(tiny)
+    assert graph.graphs.replays == decodes == 31   # every decode step replayed a graph, none ran eager
+    assert captures == 4 and sorted(graph.graphs.graphs) == [16, 32]   # 8, 2; after the cache grew 32, 16
+    assert [cudagraphs.bucket(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20, 33)] == [1, 2, 4, 8, 8, 16, 16, 32, 32, 48]
+
+
+def test_decode_graphs_default_to_cuda_and_the_main_thread():
+    """A Session replays graphs unless told otherwise only on CUDA and in the main thread; the background
+    distillation's thread decodes eagerly."""
+    import threading
+    from cudagraphs import default_on
+    cuda, seen = torch.device("cuda"), []
+    thread = threading.Thread(target=lambda: seen.append(default_on(cuda)))
+    thread.start()
+    thread.join()
+    assert default_on(cuda) and not default_on(torch.device("cpu")) and seen == [False]

@@ -17,7 +17,7 @@ from transformers.utils import logging as hf_logging
 
 import bench
 from kernels._triton import InterpretedFunction, triton
-from model import ByteTokenizer, Transformer, generate, token_logprobs
+from model import ByteTokenizer, Session, Transformer, generate, token_logprobs
 from small.tiny import init_weights, tiny_model
 from small.grammar import Constraint
 
@@ -67,6 +67,33 @@ def test_rmsnorm(dtype, rows, cols, block):
     y = rn.rmsnorm_triton(x, w, 1e-6, block=block)
     assert y.dtype == dtype and y.shape == x.shape
     close(y, rn.rmsnorm_ref(x, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 77), (8192, 896), (2, 9, 14, 128)])
+@cuda
+def test_rmsnorm_backward(dtype, shape):
+    """dx and dw against autograd through the reference: odd width, the 0.5B training batch's rows, Qwen3's
+    per-head norm."""
+    g = torch.Generator().manual_seed(4)
+    x = randn(*shape, g=g, dtype=dtype, scale=3).requires_grad_()
+    w = randn(shape[-1], g=g).requires_grad_()
+    dy = randn(*shape, g=g, dtype=dtype)
+    ours, ref = (torch.autograd.grad(f(x, w, 1e-6), (x, w), dy) for f in (rn._RMSNorm.apply, rn.rmsnorm_ref))
+    close(ours[0], ref[0], dtype)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-3 if dtype == torch.float32 else 2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@cuda
+def test_rope_backward(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = randn(4, 33, 16, 64, g=g, dtype=dtype).requires_grad_()
+    ang = randn(4, 33, 32, g=g, scale=3)
+    dy = randn(4, 33, 14, 64, g=g, dtype=dtype)
+    ours, ref = (torch.autograd.grad(f(x[:, :, 2:], ang.cos(), ang.sin()), x, dy)[0]
+                 for f in (rp._Rope.apply, rp.apply_rope_ref))
+    close(ours, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -180,8 +207,7 @@ def _prompts(n, lo, hi, V, seed):
 @cuda
 def test_cuda_dispatch_takes_the_triton_path(ckpt, monkeypatch):
     """Counts the calls into each op's Triton and reference function while model.py decodes and trains on
-    CUDA: decoding (no grad) uses only the Triton kernels; token_logprobs' backward needs autograd, so it
-    takes the references for RMSNorm and rope but the Triton log-softmax (which has its own backward)."""
+    CUDA: decoding and token_logprobs' forward and backward use only the Triton kernels."""
     calls = {}
     for mod, op in ((rn, "rmsnorm"), (rp, "apply_rope"), (da, "decode_attention"), (ls, "selective_log_softmax")):
         for name in (f"{op}_triton", f"{op}_ref"):
@@ -189,16 +215,22 @@ def test_cuda_dispatch_takes_the_triton_path(ckpt, monkeypatch):
             monkeypatch.setattr(mod, name, lambda *a, _real=real, _name=name, **k:
                                 calls.__setitem__(_name, calls.get(_name, 0) + 1) or _real(*a, **k))
     ours = Transformer.from_pretrained(ckpt, device=DEV)
-    generate(ours, _prompts(3, 2, 9, 89, seed=1), 6, seed=0)
+    prompts = _prompts(3, 2, 9, 89, seed=1)
+    generate(ours, prompts, 6, seed=0, session=Session(ours, 3, 20, graphs=False), rows=[0, 1, 2])
     assert calls.get("rmsnorm_triton", 0) > 0 and calls.get("apply_rope_triton", 0) > 0
     assert calls.get("decode_attention_triton", 0) == 2 * 5  # 2 layers x 5 decode steps after the prefill
     assert not any(calls.get(f"{op}_ref") for op in ("rmsnorm", "apply_rope", "decode_attention")), calls
+    calls.clear()
+    generate(ours, prompts, 6, seed=0)   # decode graphs: Python runs the step twice to warm up, once to capture
+    assert calls.get("decode_attention_triton", 0) == 2 * 3 and not calls.get("decode_attention_ref"), calls
     calls.clear()
     tokens = torch.randint(1, 89, (2, 12), device=DEV)
     token_logprobs(ours, tokens, torch.ones_like(tokens, dtype=torch.bool)).sum().backward()
     # one chunk: its forward, then again when the backward recomputes the checkpointed chunk
     assert calls.get("selective_log_softmax_triton", 0) == 2 and not calls.get("selective_log_softmax_ref"), calls
-    assert calls.get("rmsnorm_ref", 0) > 0 and not calls.get("rmsnorm_triton"), calls
+    # training too: RMSNorm and rope through their Triton backward (the rope's is its forward kernel again)
+    assert calls.get("rmsnorm_triton", 0) > 0 and not calls.get("rmsnorm_ref"), calls
+    assert calls.get("apply_rope_triton", 0) == 2 * 2 * 2 and not calls.get("apply_rope_ref"), calls
 
 
 # Greedy decoding is exact up to near-ties: two implementations of one model round differently, so where the top
@@ -282,6 +314,67 @@ def test_sampled_logprobs_equal_token_logprobs_on_cuda():
         torch.testing.assert_close(lp[b, len(p):len(p) + len(s.tokens)], torch.tensor(s.logprobs), rtol=0, atol=1e-4)
 
 
+# ---------------------------------------------------------------- decode graphs (cudagraphs.py)
+@cuda
+def test_decode_graphs_equal_eager_decoding_on_cuda():
+    """tests/test_generate.py's script on real CUDA graphs (fp32): the same greedy and seeded replies and
+    log-probs as eager decoding, batches padded to their buckets, the cache growing under the graphs, padding
+    writing no live slot; every decode step a replay."""
+    from test_generate import graph_vs_eager
+    tiny = init_weights(tiny_model(seed=1), seed=1, std=0.3).to(DEV)
+    graph, decodes, captures = graph_vs_eager(tiny)
+    assert graph.graphs.replays == decodes > 20 and captures >= 3
+
+
+@cuda
+def test_decode_graphs_in_bf16_give_eager_logits():
+    """A bf16 model fed the same tokens through a graph session and an eager one: each step's logits agree to
+    bf16 rounding (no sampling, so no near-tie can make the two diverge); 11 rows padded to 16."""
+    tiny = init_weights(tiny_model(seed=2), seed=2, std=0.3).to(DEV, torch.bfloat16)
+    prompts = _prompts(11, 1, 30, 250, seed=5)
+    rows = list(range(11))
+    sessions = [Session(tiny, 11, 64, graphs=g) for g in (True, False)]
+    first = [s.prefill(rows, prompts) for s in sessions]
+    torch.testing.assert_close(first[0], first[1])
+    g = torch.Generator().manual_seed(6)
+    for _ in range(8):
+        tokens = torch.randint(1, 250, (11,), generator=g).to(DEV)
+        a, b = (s.decode(torch.tensor(rows, device=DEV), tokens) for s in sessions)
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.05)
+    assert sessions[0].graphs.replays == 8
+
+
+@cuda
+def test_seeded_sampling_with_graphs_repeats_and_a_thread_decodes_beside():
+    """The same seed gives the same samples through graphs; while the main thread captures and replays graphs,
+    another thread (the background distillation) decodes eagerly, its default off the main thread, and each
+    gets what it gets alone (5 rounds, fresh sessions, so every round captures again)."""
+    import threading
+    tiny = init_weights(tiny_model(seed=1), seed=1, std=0.3).to(DEV)
+    jobs = [(_prompts(6, 1, 20, 250, seed=s), s) for s in (7, 8)]
+    alone = [generate(tiny, p, 24, temperature=1.0, seed=s) for p, s in jobs]
+    again = generate(tiny, jobs[0][0], 24, temperature=1.0, seed=7)
+    assert [x.tokens for x in again] == [x.tokens for x in alone[0]]
+    assert [x.logprobs for x in again] == [x.logprobs for x in alone[0]]
+    sessions, start = [], threading.Barrier(2)
+
+    def work(i, out):
+        start.wait()
+        for _ in range(5):
+            session = Session(tiny, 6, 64)
+            sessions.append(session)
+            out.append(generate(tiny, jobs[i][0], 24, temperature=1.0, seed=jobs[i][1], session=session,
+                                rows=list(range(6))))
+    outs = [[], []]
+    beside = threading.Thread(target=work, args=(1, outs[1]))
+    beside.start()
+    work(0, outs[0])
+    beside.join()
+    for i in range(2):
+        assert len(outs[i]) == 5 and all([x.tokens for x in o] == [x.tokens for x in alone[i]] for o in outs[i])
+    assert sum(s.graphs is not None for s in sessions) == 5   # the main thread's
+
+
 # ---------------------------------------------------------------- bench.py gpu
 def test_bench_gpu_runs_on_cpu_small(capsys):
     """The benchmark's own code on a tiny shape on CPU: every row of its table has both sides' figures."""
@@ -295,6 +388,8 @@ def test_bench_gpu_runs_on_cpu_small(capsys):
         row = re.search(rf"{re.escape(key)}\s+(\S+)\s+(\S+)\s+(\S+)x", out)
         assert row and all(float(v) > 0 for v in row.groups()), (key, out)
     assert re.search(r"generate peak MiB\s+-", out)  # memory is measured on CUDA only
+    steps = re.findall(r"small\s+(\d+)\s+(\S+)\s+-\s+-\s+(\S+)\s+(\S+)", out)   # decode step: roof, eager, hf
+    assert [int(b) for b, *_ in steps] == [1, 4] and all(float(v) > 0 for _, *vs in steps for v in vs), out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

@@ -92,6 +92,22 @@ def test_rmsnorm_strided_batched_input():
     close(rn.rmsnorm_triton(x, w, 1e-5), rn.rmsnorm_ref(x, w, 1e-5), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 77), (2, 7, 5, 24)])
+@interpreted
+def test_rmsnorm_backward_matches_reference(dtype, shape, monkeypatch):
+    """dx and dw of `_RMSNorm` against autograd through the reference: odd widths, per-head rows (Qwen3's q/k
+    norm), and two programs so each one sums several rows' share of dw."""
+    monkeypatch.setattr(rn, "BACKWARD_PROGRAMS", 2)
+    g = torch.Generator().manual_seed(11)
+    x = (3 * torch.randn(*shape, generator=g)).to(dtype).requires_grad_()
+    w = torch.randn(shape[-1], generator=g).requires_grad_()
+    dy = torch.randn(*shape, generator=g).to(dtype)
+    grads = [torch.autograd.grad(norm(x, w, 1e-6), (x, w), dy) for norm in (rn._RMSNorm.apply, rn.rmsnorm_ref)]
+    close(grads[0][0], grads[1][0], dtype)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-4 if dtype == torch.float32 else 2e-2, atol=1e-4)
+
+
 def test_rmsnorm_reference_is_torch_rmsnorm():
     """The spec itself against an independent implementation (torch.nn.functional.rms_norm)."""
     x, w = torch.randn(3, 77), torch.randn(77)
@@ -116,6 +132,24 @@ def test_rope_matches_reference_on_strided_views(dtype):
     # cos/sin shared by the batch through expand() (stride 0 on B)
     c, s = ang[:1].cos().expand(B, T, D // 2), ang[:1].sin().expand(B, T, D // 2)
     close(rp.apply_rope_triton(x, c, s), rp.apply_rope_ref(x, c, s), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@interpreted
+def test_rope_backward_matches_reference(dtype):
+    """The rotation's gradient (the same kernel with sin negated) against autograd through the reference, on a
+    strided view as model.py passes it."""
+    g = torch.Generator().manual_seed(12)
+    B, T, H, D = 2, 5, 3, 24
+    qkv = torch.randn(B, T, 2 * H, D, generator=g).to(dtype).requires_grad_()
+    ang = torch.randn(B, T, D // 2, generator=g)
+    dy = torch.randn(B, T, H, D, generator=g).to(dtype)
+    grads = []
+    for rope in (rp._Rope.apply, rp.apply_rope_ref):
+        (grad,) = torch.autograd.grad(rope(qkv[:, :, H:], ang.cos(), ang.sin()), qkv, dy)
+        grads.append(grad)
+    close(grads[0], grads[1], dtype)
+    assert (grads[0][:, :, :H] == 0).all()
 
 
 def test_rope_reference_is_rotate_half():
