@@ -15,6 +15,7 @@ in results/README.md and results/probes.md.
     vault_lessons   a vault run's lessons against each vault's door
     vault_forms     can the untrained extractor read the opened door off an episode, in three prompt forms?
     random_play     a task's floor: success of a random valid action each turn on held-out instances
+    gpu_profile     where a GPU's time goes: the training and decode steps kernel by kernel; two threads decoding
 
 Shared here: reading the words view (`ONE_MOVE`) and an actor's exact constrained policy (`policy`).
 """

@@ -1,8 +1,11 @@
 """probes/: each probe runs on a tiny setting as `python -m probes.NAME` would run it, and the two shared pieces
 are checked against independent references: `probes.policy` against a softmax over the allowed ids written
 here, and the lesson viewer's counts against the bank itself."""
+import argparse
 import json
 import os
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ import train
 from bank import ExperienceBank
 from model import load_tokenizer
 from probes import (ONE_MOVE, actor_policy, bank_value, episode, judge, lesson_follow, lessons, memoryless, policy,
-                    pool_lessons, random_play, vault_controls, vault_forms, vault_lessons)
+                    pool_lessons, random_play, vault_controls, vault_forms, vault_lessons, gpu_profile)
 from small.tiny import tiny_model
 from test_train import FAST
 
@@ -255,3 +258,24 @@ def test_random_play_matches_the_vaults_chance_by_hand():
     2,000 held-out vaults the random floor lies within 4 standard errors (0.042) of it."""
     out = random_play.random_play("vault", 2000, envs.task_steps("vault"))
     assert abs(out["random_success"] - (1 - (7 / 8) ** 3)) < 0.042 and "expert_steps_mean" not in out
+
+
+def test_gpu_profile_runs_on_cpu_and_counts_failed_trials(capsys, monkeypatch):
+    """The probe's own code on bench.py's tiny shape; then a generate that fails in the second thread must be
+    counted in every trial (and shown), one that never fails in none."""
+    gpu_profile.main(["--device", "cpu", "--small", "--trials", "1"])
+    out = capsys.readouterr().out
+    assert re.search(r"token_logprobs forward \+ backward\s+[\d.]+ ms\s+MFU\s+[\d.]+%", out)
+    assert re.search(r"an eager step's kernels: [\d.]+ ms \(2 layers\)", out)
+    assert "the other thread eager: 0 of 1 trials failed" in out
+    real = gpu_profile.generate
+
+    def fails_beside(model, prompts, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("capture invalidated")
+        return real(model, prompts, *args, **kwargs)
+    monkeypatch.setattr(gpu_profile, "generate", fails_beside)
+    a = argparse.Namespace(trials=3)
+    gpu_profile.threads(tiny_model(seed=0), a, torch.device("cpu"))
+    out = capsys.readouterr().out
+    assert "the other thread eager: 3 of 3 trials failed" in out and "capture invalidated" in out
