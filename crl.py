@@ -184,8 +184,9 @@ class CRLConfig:
     instructions: bool = setting(True, "task text and reply format in the actor's prompt")
     show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
                                    "message line)", flag="map")
-    list_actions: bool = setting(True, "ALFWorld's observations list the admissible actions (else the game's text "
-                                       "only: 350 tokens a turn fewer; constrained replies are masked to them anyway)")
+    list_actions: bool = setting(True, "ALFWorld's and WebShop's observations list the valid actions (else the "
+                                       "page or game text only: ALFWorld 350 tokens a turn fewer; constrained "
+                                       "replies are masked to them anyway)")
     lesson_turn: bool = setting(False, "retrieved lessons open the first user turn as a tip instead of closing the "
                                        "system prompt (where a small instruct model reads them: "
                                        "probes/lesson_follow.py)")

@@ -662,9 +662,10 @@ class WebShop:
                    "buy now). Buy the product that matches the instruction, with the requested options.")
 
     def __init__(self, seed=None, split: str = "train", max_steps: int = MAX_STEPS,
-                 build_seed: int = webshop.BUILD_SEED):
+                 build_seed: int = webshop.BUILD_SEED, list_actions: bool = True):
         if split not in ("train", "test"):
             raise ValueError(f"unknown WebShop split {split!r}; choose train or test")
+        self.list_actions = list_actions   # False: the page alone (a constrained reply is masked to its clicks)
         self.shop = webshop.build_shop(build_seed)
         held_out = webshop.TEST_GOALS
         self.goals = self.shop.goals[:held_out] if split == "test" else self.shop.goals[held_out:]
@@ -683,7 +684,7 @@ class WebShop:
         clicks = [f"click[{c}]" for c in self.site.clickables() if c != "search"]
         search = self.site.page == "search"
         self.actions = shop_queries(self.goal["instruction_text"]) if search else tuple(clicks)
-        shown = ["search[<your query>]"] if search else clicks
+        shown = (["search[<your query>]"] if search else clicks) if self.list_actions else []
         return self.site.text() + ("\nAvailable actions: " + ", ".join(shown) if shown else "")
 
     def parse(self, reply: str, actions=None):
@@ -826,7 +827,7 @@ class EnvPool:
             kw["split"] = "train" if train else HELD_OUT[task]
         if task in MINIHACK:
             kw["show_map"] = self.show_map
-        if task == "alfworld":
+        if task in ("alfworld", "webshop"):
             kw["list_actions"] = self.list_actions
         return self.workers.make(task, **kw) if self.workers else make(task, **kw)
 

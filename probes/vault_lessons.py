@@ -2,9 +2,12 @@
 
 Reads the bank of a run's last checkpoint (RUN/ckpt/bank): every lesson distilled from an episode remembers
 the vault it came from (Entry.origin), whose door envs.Vault knows. Prints the share of lessons whose text is
-that door, by the iteration they were written in (chance: 1/8), and the commonest lessons.
+that door, by the iteration they were written in (chance: 1/8), the commonest lessons, and the extractor's
+reward at each of its CISPO steps (RUN/metrics.jsonl; none for a frozen extractor).
 """
 import collections
+import json
+import os
 import sys
 
 import envs
@@ -24,6 +27,13 @@ def rightness(run: str) -> tuple[dict, list, int]:
     return shares, collections.Counter(e.text for e in entries).most_common(5), sum(e.origin < 0 for e in entries)
 
 
+def extractor_rewards(run: str) -> list[tuple[int, float]]:
+    """(iteration, the extractor's reward) at each iteration that took a CISPO step."""
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [(r["step"], r["extractor/reward"]) for r in rows if "extractor/reward" in r]
+
+
 def main(runs: list[str]):
     for run in runs:
         shares, common, merged = rightness(run)
@@ -31,6 +41,8 @@ def main(runs: list[str]):
         print(f"{run}: {right:.3f} of lessons name their vault's door (chance 0.125); {merged} from merges")
         print("  by iteration written: " + ", ".join(f"{b}-{b + 9}: {s:.2f} of {n}" for b, (s, n) in shares.items()))
         print("  commonest: " + ", ".join(f"{text!r} {n}" for text, n in common))
+        print("  extractor reward by CISPO step: " + (", ".join(f"{t}: {r:+.2f}" for t, r in extractor_rewards(run))
+                                                       or "none (frozen)"))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,13 @@ for task in room maze keyroom river alfworld; do
     python train.py --tasks "$task" "${untrained[@]}" --max-context 4096 --micro-tokens none --out "$OUT/ctx4096/$task"
 done
 for task in sokoban alfworld webshop; do
-    python train.py --tasks "$task" "${untrained[@]}" --list-actions --out "$OUT/preset/$task"
+    python train.py --tasks "$task" "${untrained[@]}" --list-actions --history webshop=2 --out "$OUT/preset/$task"
 done
 # nolist/ at eb5da14: ALFWorld without its action list (the preset since); mix3/: the paper's 3-task mix, 3 crl
 # iterations (about 24 minutes)
 python train.py --tasks alfworld "${untrained[@]}" --out "$OUT/nolist/alfworld"
+# nolist/webshop at 2026-11-26's commit: WebShop without its list, the whole episode in context (the preset since);
+# its evaluation 16 episodes a batch (32 at once were killed for memory beside another 8.6 GB process)
+python train.py --tasks webshop "${untrained[@]}" --history none --eval-batch 16 --out "$OUT/nolist/webshop"
 python train.py --tasks room,webshop,alfworld --actor smollm2 --extractor smollm2 --iters 3 --eval-every 0 \
     --out "$OUT/mix3"

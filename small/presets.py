@@ -26,13 +26,15 @@ TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 # accepts 0.02-0.04 of lessons, right or wrong alike (differences -0.003, +0.001), and free text never parses as a
 # verdict (0 of 512), so either way it would drop nearly every lesson.
 # Per task: the room, maze and vault grids ran 10 actions (every other task plays its own budget); the whole
-# episode stays in context up to SmolLM2's own 8,192 positions, except WebShop's pages (about 800 tokens each,
-# 10 of them outgrow it): its last 2 turns; ALFWorld's observations go without their list of admissible actions
-# (350 tokens a turn: 30 actions outgrew 8,192 positions; the replies are constrained to that list anyway); a
+# episode stays in context, KV cache kept, up to SmolLM2's own 8,192 positions. ALFWorld's and WebShop's
+# observations go without their list of valid actions (the replies are constrained to it anyway): with it 30
+# ALFWorld actions outgrew 8,192 positions (350 tokens a turn) and 10 WebShop pages did (a random walk's
+# observations: 4,180 tokens on average, 10,850 at most; without it 3,254 and 6,530), and WebShop kept only its
+# last 2 turns, re-read every turn (564 s an iteration; whole episodes without the list: 189-206 s, none cut); a
 # micro-batch holds at most 8,192 padded tokens (eight 30-action Sokoban episodes in one took 19 GB and were killed).
 SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, warmup=2, free_text=False, lesson_turn=True,
                instructions=False, show_map=False, list_actions=False, max_steps="room=10,maze=10,vault=10",
-               history="webshop=2", max_context=8192, micro_batch=8, micro_tokens=8192, eval_every=10, eval_episodes=32,
+               max_context=8192, micro_batch=8, micro_tokens=8192, eval_every=10, eval_episodes=32,
                eval_batch=64, iters=60, dtype="bfloat16", judge="none")
 # --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are
 # constrained, a lesson is one move word (which the actor above follows), and it must write one (a NONE is never

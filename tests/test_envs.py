@@ -693,3 +693,27 @@ def test_a_run_without_the_action_list_plays_the_same_alfworld_game_with_a_short
     assert all("Admissible actions: " in o for o in listed_obs) and not any("Admissible" in o for o in bare_obs)
     assert [o.split("\nAdmissible actions: ")[0] for o in listed_obs] == bare_obs   # the game's text, unchanged
     assert "listed" in outcome[2] and "listed" not in bare_outcome[2]
+
+
+def test_a_run_without_the_action_list_plays_the_same_webshop_episode_with_the_page_alone():
+    """--no-list-actions for WebShop: the run's pool gives pages without their "Available actions" list, with
+    the same valid actions, pages and reward along one seeded walk through the held-out shop."""
+    import random
+    from types import SimpleNamespace
+    import crl
+    seen = {}
+    for listed in (True, False):
+        run = SimpleNamespace(cfg=crl.CRLConfig(list_actions=listed, env_workers=0), tasks=["webshop"], pool=None)
+        crl.Run.__post_init__(run)    # builds the run's pool from its settings, as training does
+        env, rng = run.pool.take("webshop", train=False), random.Random(5)
+        obs, actions, rewards, done = [env.reset(seed=crl.EVAL_SEED0 + 3)], [], [], False
+        while not done:
+            actions.append(env.actions)
+            o, r, done, _ = env.step(rng.choice(env.actions))
+            obs.append(o)
+            rewards.append(r)
+        seen[listed] = obs, actions, rewards
+    (listed_obs, *listed_rest), (bare_obs, *bare_rest) = seen[True], seen[False]
+    assert listed_rest == bare_rest and bare_rest[1][-1] == 1.0    # this walk buys the right product
+    assert all("\nAvailable actions: " in o for o in listed_obs[:-1]) and not any("Available" in o for o in bare_obs)
+    assert [o.split("\nAvailable actions: ")[0] for o in listed_obs] == bare_obs

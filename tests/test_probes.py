@@ -144,6 +144,9 @@ def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
     bank.save(tmp_path / "ckpt" / "bank")
     shares, common, merged = vault_lessons.rightness(str(tmp_path))
     assert shares == {0: (0.5, 2), 10: (1.0, 1)} and merged == 1
+    rows = [{"step": 0}, {"step": 1, "extractor/reward": -0.5}, {"step": 2}, {"step": 3, "extractor/reward": 0.25}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert vault_lessons.extractor_rewards(str(tmp_path)) == [(1, -0.5), (3, 0.25)]
 
 
 def test_door_shares_by_hand():
@@ -258,6 +261,21 @@ def test_random_play_matches_the_vaults_chance_by_hand():
     2,000 held-out vaults the random floor lies within 4 standard errors (0.042) of it."""
     out = random_play.random_play("vault", 2000, envs.task_steps("vault"))
     assert abs(out["random_success"] - (1 - (7 / 8) ** 3)) < 0.042 and "expert_steps_mean" not in out
+    assert out["random_reward"] == out["random_success"]    # the vault pays 1 for the open door, else 0
+
+
+def test_random_play_counts_an_episodes_observation_tokens():
+    """One vault episode replayed here with the probe's draws: its observations' bytes are the byte tokenizer's
+    token count."""
+    import random
+    tok = load_tokenizer("tiny")
+    out = random_play.random_play("vault", 1, 3, seed=4, tokenizer=tok)
+    env, rng = envs.make("vault", max_steps=3), random.Random(4)
+    seen, done = [env.reset(seed=crl.EVAL_SEED0)], False
+    while not done:
+        obs, _, done, _ = env.step(rng.choice(env.actions))
+        seen.append(obs)
+    assert out["observation_tokens_mean"] == out["observation_tokens_max"] == sum(len(o.encode()) for o in seen)
 
 
 def test_gpu_profile_runs_on_cpu_and_counts_failed_trials(capsys, monkeypatch):
