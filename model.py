@@ -7,7 +7,8 @@ in hf.py (config.json, safetensors read and write, the packaged GGUF conversion,
 `load_tokenizer`, `ByteTokenizer`, `checkpoint_dir`, `PACKAGED`) are hf's, re-exported.
 Around the decoder:
   - `Session` + `generate`: batched sampling over a KV cache written in place. A Session keeps live multi-turn
-    conversations (one cache row each) so every turn prefills only its new tokens.
+    conversations (one cache row each) so every turn prefills only its new tokens; on CUDA its decode steps
+    replay captured graphs (cudagraphs.py).
   - constraints (small/grammar.py): a row's reply may be masked to allowed completions; the ids each step
     allowed are recorded here, and tokens a constraint forces are appended without a sampling step.
   - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
