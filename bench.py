@@ -516,7 +516,7 @@ TARGETS = {"Qwen2.5-0.5B": 3.0, "SmolLM2-135M": 2.0}   # ms a decode step at bat
 TARGET_ROOF, TARGET_VS_HF, TARGET_MFU = 10.0, 10.0, 40.0
 
 
-def _random_qwen2(shape: dict, path: str, arch: str = "qwen2"):
+def _random_checkpoint(shape: dict, path: str, arch: str = "qwen2"):
     """transformers' own Qwen2 (or Llama) with its random init, saved in bf16: what both sides load."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     _quiet_transformers()
@@ -598,7 +598,7 @@ def bench_gpu(a):
     prompts = torch.randint(1, V, (a.batch, a.prompt), generator=g)
     tokens, mask = _train_batch(V, a.train_batch, a.seq, device)
     with tempfile.TemporaryDirectory() as path:
-        _random_qwen2(shape, path)
+        _random_checkpoint(shape, path)
         moved = {m: _lr_1e6_steps(path, device, tokens[:2], mask[:2], m) for m in (torch.float32, torch.bfloat16)}
         ours = Transformer.from_pretrained(path, dtype=torch.bfloat16, device=device)
         hf = _hf_model(path, torch.bfloat16).to(device)
@@ -626,11 +626,11 @@ def bench_gpu(a):
     res = {"ours": _gpu_side(ours_generate, train_step("ours", ours), a, device),
            "transformers": _gpu_side(hf_generate, train_step("hf", hf), a, device)}
     peak = _matmul_flops(a.matmul, device)
-    per_token = _decode_flops_per_token(ours, a.prompt + a.new / 2)
+    per_token, train_flops = _decode_flops_per_token(ours, a.prompt + a.new / 2), _train_flops(ours, mask)
     for r in res.values():
         r["decode TFLOP/s"] = r["decode tok/s"] * per_token / 1e12
         r["decode share of peak %"] = 100 * r["decode tok/s"] * per_token / peak
-        r["train MFU %"] = 100 * _train_flops(ours, mask) * r["train tok/s"] / (a.train_batch * a.seq) / peak
+        r["train MFU %"] = 100 * train_flops * r["train tok/s"] / (a.train_batch * a.seq) / peak
     _print_gpu_table(a, ours, device, res, peak, per_token)
     (f32_frac, f32_mean), (bf16_frac, bf16_mean) = moved[torch.float32], moved[torch.bfloat16]
     print(f"  AdamW lr 1e-6, {LR_STEPS} steps, bf16 compute: weights moved {100 * f32_frac:.1f}% with fp32 masters, "
@@ -659,7 +659,7 @@ def _decode_steps(a, device) -> dict:
     out = {"bandwidth": bandwidth}
     for name, (arch, shape) in shapes.items():
         with tempfile.TemporaryDirectory() as path:
-            _random_qwen2(shape, path, arch)
+            _random_checkpoint(shape, path, arch)
             ours = Transformer.from_pretrained(path, dtype=torch.bfloat16, device=device)
             hf = _hf_model(path, torch.bfloat16).to(device)
         for b in batches:

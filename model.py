@@ -418,9 +418,9 @@ class Session:
         self.model, self.max_batch, self.max_len = model, max_batch, max_len
         graphs = default_on(model.device) if graphs is None else graphs
         self.graphs = DecodeGraphs(self._decode_hidden, scratch_row=max_batch) if graphs else None
+        self.lengths = torch.zeros(max_batch + bool(graphs), dtype=torch.long, device=model.device)  # cache rows
         self.k = self.v = None
         self.reserve(min(max_len, 256))
-        self.lengths = torch.zeros(max_batch + graphs, dtype=torch.long, device=model.device)
         self.pending: dict[int, list[int]] = {}
 
     def reserve(self, need: int):
@@ -429,7 +429,7 @@ class Session:
         if need <= have:
             return
         c, size = self.model.config, min(self.max_len, max(need, 2 * have))
-        shape = (c.num_hidden_layers, self.max_batch + bool(self.graphs), c.num_key_value_heads, size, c.head_dim)
+        shape = (c.num_hidden_layers, len(self.lengths), c.num_key_value_heads, size, c.head_dim)
         k, v = (torch.zeros(shape, dtype=self.model.dtype, device=self.model.device) for _ in range(2))
         if have:
             k[..., :have, :], v[..., :have, :] = self.k, self.v

@@ -122,7 +122,7 @@ def main(argv=None):
     a.batch, a.seq, a.matmul, a.rows, a.prompt = (2, 64, 256, 4, 16) if a.small else (8, 1024, 8192, 32, 128)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as path:
-        bench._random_qwen2(shape, path)
+        bench._random_checkpoint(shape, path)
         model = Transformer.from_pretrained(path, dtype=torch.bfloat16, device=dev)
     training(model, a, dev, sync)
     decoding(model, a, dev, sync)
