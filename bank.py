@@ -153,7 +153,7 @@ class _Partition:
 class ExperienceBank:
     """Entries partitioned by task, each task's L2-normalised keys in one matrix.
 
-    search = cosine top-`candidates` (one matmul + top-k), then the release's re-rank on the rank scale
+    search = cosine top-`candidates` (one matmul + top-k; equal cosines newest first), then the release's re-rank on the rank scale
     (PAPER §Experience bank: retrieval [release]): candidate j (0 = the cosine best) scores
         -j - use_penalty*log(1 + times shown) - recency_penalty*[shown within the last recency_window iterations],
     and, with probability `dropout`, a just-shown top 1 moves to the end. An entry needs about 12 showings to
@@ -395,13 +395,16 @@ class ExperienceBank:
 
     @staticmethod
     def _candidates(part, q, c):
-        """Top-c rows by cosine, as numpy [Q, c]: scores descending, and cosines within 1e-5 of each other
-        ordered by entry id (oldest first). The rank is the re-rank's score, so a query embedded in another
-        batch (the last bits of a float differ) must not swap two entries written from the same query."""
-        cos, rows = torch.topk(q @ part.keys[:part.n].T, c, dim=1)
-        cos, rows = cos.numpy(), rows.numpy()
-        order = np.lexsort((part.ids[rows], -np.round(cos, 5)), axis=1)
-        return np.take_along_axis(cos, order, 1), np.take_along_axis(rows, order, 1)
+        """Top-c rows by cosine, as numpy [Q, c]: scores descending, and among cosines equal to 5 decimals the
+        newest entry first (the highest id: an UPDATE re-inserts its lesson there), chosen over the whole task,
+        so the freshest of many equally near lessons is served. Rounding makes the order deterministic: a query
+        embedded in another batch (the last bits of a float differ) must not swap two entries written from the
+        same query."""
+        cos = q @ part.keys[:part.n].T
+        ids = torch.from_numpy(part.ids[:part.n])
+        order = torch.round(cos * 1e5).long() * (int(ids.max()) + 1) + ids   # cosine first, then the id
+        rows = torch.topk(order, c, dim=1).indices
+        return cos.gather(1, rows).numpy(), rows.numpy()
 
     def _rerank(self, part, rows, k, now, rng):
         """Column indices into the candidate lists, k per query, best score first (ties keep cosine order)."""

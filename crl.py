@@ -340,6 +340,7 @@ class Episode:
     lessons: list = field(default_factory=list)      # the retrieved lessons' texts, as the bank holds them
     retrieved: list = field(default_factory=list)    # their entry ids
     origins: list = field(default_factory=list)      # the instance seeds they were distilled from (-1: unknown)
+    written: list = field(default_factory=list)      # the iterations they were written at
     experience: list = field(default_factory=list)   # what the prompt holds: the lessons kept, as the actor kept them
     sources: list = field(default_factory=list)      # the extractor generations credited by this episode
     verdicts: dict = field(default_factory=dict)     # generation -> the actor's judgement of its lesson
@@ -551,6 +552,7 @@ def retrieve(run, eps: list[Episode], train: bool = True):
                 eps[j].retrieved = [entry.id for entry, _ in hits]
                 eps[j].sources = [entry.source for entry, _ in hits]
                 eps[j].origins = [entry.origin for entry, _ in hits]
+                eps[j].written = [entry.created for entry, _ in hits]
 
 
 JUDGE_SYSTEM = (
@@ -1092,7 +1094,8 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
             run.manager.bank = bank.copy()
         for a in range(1, attempts + 1):
             eps = play_held_out(run, specs, EVAL_STEP + a)
-            metrics = {**success_metrics(eps, "attempts"), **same_instance(eps, "attempts")}
+            metrics = {**success_metrics(eps, "attempts"), **same_instance(eps, "attempts"),
+                       **previous_attempt(eps, a, "attempts")}
             out.update({f"{k}_{a}": v for k, v in metrics.items()})
             if bank is not None and a < attempts:
                 rng = seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
@@ -1173,6 +1176,23 @@ def same_instance(eps: list[Episode], prefix: str) -> dict:
     return {f"{prefix}/same_instance": same / given} if given else {}
 
 
+def lesson_age(eps: list[Episode], now: int) -> dict:
+    """How old the lessons the actor read are: the mean, over episodes given one, of the iterations since its
+    top lesson was written (over every rank). Small when retrieval serves what the extractor writes now."""
+    ages = [now - e.written[0] for e in eps if e.written]
+    n, total = all_reduce_sum(len(ages)), all_reduce_sum(sum(ages))
+    return {"retrieval/age": total / n} if n else {}
+
+
+def previous_attempt(eps: list[Episode], attempt: int, prefix: str) -> dict:
+    """At attempt a >= 2 of evaluate_attempts: the share of episodes given a lesson whose top lesson was
+    distilled from this same instance after the attempt before (written at EVAL_STEP + a - 1)."""
+    given = all_reduce_sum(sum(bool(e.written) for e in eps))
+    fresh = all_reduce_sum(sum(bool(e.written) and e.origins[0] == e.seed and e.written[0] == EVAL_STEP + attempt - 1
+                               for e in eps))
+    return {f"{prefix}/previous_attempt": fresh / given} if given and attempt > 1 else {}
+
+
 def episode_metrics(run, eps: list[Episode]) -> dict:
     """Means and counts over every rank's episodes, this iteration's counters, bank size and timings."""
     n = all_reduce_sum(len(eps))
@@ -1184,6 +1204,7 @@ def episode_metrics(run, eps: list[Episode]) -> dict:
         "asks": all_reduce_sum(sum(e.asks for e in eps)),
         **{k: all_reduce_sum(v) for k, v in run.counters.items()},
         **same_instance(eps, "retrieval"),
+        **lesson_age(eps, run.step),
         "bank_size": len(run.manager.bank) if run.manager is not None else 0,
         **{f"time/{k}": v for k, v in run.timer.items()},
     }

@@ -61,6 +61,22 @@ def test_search_equals_numpy_bruteforce(n):
             np.testing.assert_allclose([s for _, s in got[qi]], sims[qi, want], atol=1e-5)
 
 
+def test_equal_cosines_serve_the_newest_entry_over_the_whole_task():
+    """Lessons keyed by the same query tie at cosine 1.0 (a recurring instance): the newest is served, also
+    when more of them tie than the re-rank has candidates, and an update's re-inserted entry counts as new.
+    Cosines that differ only in their last bits (a query embedded in another batch) still tie."""
+    key, other = torch.tensor([0.6, 0.8, 0.0]), torch.tensor([0.0, 0.6, 0.8])
+    bank = plain(3, candidates=4)
+    for i in range(20):
+        bank.add("vault", f"lesson {i}", key, step=i)
+    bank.add("vault", "elsewhere", other, step=20)
+    got = bank.search("vault", key + 1e-7, 5, update=False)[0]
+    assert [e.text for e, _ in got] == ["lesson 19", "lesson 18", "lesson 17", "lesson 16", "lesson 15"]
+    bank.update([bank.entries("vault")[3].id], "lesson 3, rewritten", step=21)   # re-inserted at the newest id
+    assert bank.search("vault", key, 1, update=False)[0][0][0].text == "lesson 3, rewritten"
+    assert bank.search("vault", other, 1, update=False)[0][0][0].text == "elsewhere"   # the cosine still rules
+
+
 def test_search_unknown_task_small_task_and_bad_queries():
     bank = plain(4)
     assert bank.search("nope", torch.ones(2, 4), 3) == [[], []]

@@ -251,6 +251,22 @@ def test_the_warmup_retrieves_nothing_and_trains_nothing(monkeypatch):
     assert all(bool(e.experience) == e.with_exp for e in played[-1]) and "retrieval/off_top1" in metrics
 
 
+def test_training_retrieval_serves_the_newest_lesson_and_logs_its_age():
+    """Six lessons of one recurring instance, written at iterations 0-5, tie at cosine 1.0 with its query: at
+    iteration 9 the one written at 5 is served (age 4), then, with the recency penalty, the next newest (age 5)."""
+    emb = HashEmbedder()
+    manager = ExperienceManager(ExperienceBank(emb.dim, dropout=0.0), emb, sync=True)
+    manager.apply([Operation("add", "room", f"lesson {i}", key=emb(["the vault"])[0], step=i, origin=7)
+                   for i in range(6)])
+    run = tiny_run(manager)
+    for step, text, age in ((9, "lesson 5", 4), (10, "lesson 4", 6)):
+        run.step = step
+        eps = [crl.Episode("room", 7, 0, True, query="the vault") for _ in range(2)]
+        crl.retrieve(run, eps)
+        assert [e.lessons for e in eps] == [[text]] * 2 and [e.written for e in eps] == [[int(text[-1])]] * 2
+        assert crl.episode_metrics(run, eps)["retrieval/age"] == age
+
+
 def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):
     """evaluate_attempts on hand-worked vault episodes. A scripted actor tries the doors DOORS[(seed + 3a + k) % 8],
     k = 0, 1, 2, at attempt a, but first the door of a lesson that names its vault; a scripted extractor writes
@@ -303,4 +319,7 @@ def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):
         assert out[f"attempts/vault/success_exp_{a + 1}"] == sum(known[a]) / 8
     assert sum(known[2]) > sum(hit[2]) and sum(known[0]) < 8        # the memory adds something, not everything
     assert out["attempts/same_instance_1"] == 0.0 and out["attempts/same_instance_2"] == sum(known[0]) / 8
+    # attempt 3 reads attempt 2's lesson (the newest of the vault's equally near ones), not attempt 1's
+    assert out["attempts/previous_attempt_2"] == sum(known[0]) / 8 > 0
+    assert out["attempts/previous_attempt_3"] == sum(known[1]) / 8 and "attempts/previous_attempt_1" not in out
     assert [e.text for e in manager.bank.entries("vault")] == ["nowhere: north"] and run.generations == {}
