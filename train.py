@@ -378,7 +378,8 @@ def train(args, device, owns_group: bool) -> crl.Run:
     run, start = build(args, device, model_dtype(args, device))
     rundir.save_flags(args)
     log = rundir.open_log(args, start)
-    bank_log = rundir.open_log(args, start, "bank.jsonl") if run.manager is not None else None
+    # a line an evaluation: which step a damaged line held is unknown
+    bank_log = rundir.open_log(args, start, "bank.jsonl", every_step=False) if run.manager is not None else None
     save_every = args.save_every or args.eval_every   # 0: only after the last iteration
     steps = range(start, args.iters)
     if crl.rank() == 0:
