@@ -9,8 +9,10 @@ math in another:
     and refuses what the decoder would compute wrong; `to_hf` writes what transformers 5 opens as the same model.
   - `read_config`, `read_weights`, `write_checkpoint`: config.json and safetensors (one file or the shards an
     index lists), our parameter names being HF's without the `model.` prefix (`hf_name`).
-  - `PACKAGED`, `checkpoint_dir`: a name such as "smollm2" standing for the GGUF file an installed package
-    ships, converted once into an HF directory in the user's cache (`convert_gguf`, `convert_once`).
+  - `checkpoint_dir`: a checkpoint's name -> its directory: a local directory, a Hugging Face name
+    (`org/name[@revision]`) from the hub cache, or a `PACKAGED` name such as "smollm2" standing for the GGUF
+    file an installed package ships, converted once into an HF directory in the user's cache (`convert_gguf`,
+    `convert_once`).
   - `ByteTokenizer`, `load_tokenizer`: the built-in byte-level ChatML tokenizer of the `tiny` preset, or
     transformers' tokenizer for a real checkpoint; crl.py uses both through the same few methods.
   - `next_turn_tokens`: the chat template's tokens that close a reply and open the next turn, found once per
@@ -253,10 +255,12 @@ def cache_dir() -> str:
 
 def checkpoint_dir(spec) -> str:
     """A checkpoint spec -> the directory to load: a PACKAGED name becomes its converted directory in the
-    cache (converted on first use), anything else is returned as given."""
+    cache (converted on first use); an existing directory is itself; a Hugging Face name (`org/name`, or
+    `org/name@revision`) is its snapshot in the hub cache (`hub_snapshot`). Anything else is returned as given
+    (the caller says it is not found)."""
     spec = os.fspath(spec)
     if spec not in PACKAGED:
-        return spec
+        return spec if os.path.isdir(spec) or not HUB_NAME.fullmatch(spec) else hub_snapshot(spec)
     package, gguf_name, install = PACKAGED[spec]
     target = os.path.join(cache_dir(), spec)
     if os.path.isdir(target):
@@ -270,6 +274,37 @@ def checkpoint_dir(spec) -> str:
         raise FileNotFoundError(f"{gguf} is missing; reinstall the package: {install}")
     convert_once(lambda tmp: convert_gguf(gguf, tmp), target)
     return target
+
+
+# a Hugging Face repo id, optionally at a revision (branch, tag or commit): "Qwen/Qwen2.5-0.5B-Instruct@main"
+HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*(@.+)?")
+# what loading a checkpoint reads (config, weights, tokenizer, sentence-transformers pooling); many repos also
+# hold .bin, .onnx or .gguf copies of the same weights, which a download skips
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
+
+
+def hub_snapshot(spec: str) -> str:
+    """`org/name[@revision]` -> its snapshot directory in the Hugging Face cache ($HF_HUB_CACHE, else
+    $HF_HOME/hub), so a model is named the way its users know it and a checkpoint fetched once by `hf download`
+    or transformers is found where they put it. The cache is read first; only a user online (HF_HUB_OFFLINE
+    unset) downloads, and offline the one-line error names the command that fetches it."""
+    from huggingface_hub import constants, snapshot_download
+    repo, _, revision = spec.partition("@")
+    fetch = f"hf download {repo}" + (f" --revision {revision}" if revision else "")
+    try:
+        return snapshot_download(repo, revision=revision or None, local_files_only=True)
+    except (OSError, ValueError):   # not in the cache (LocalEntryNotFoundError), or not a valid repo id
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise FileNotFoundError(f"{spec!r} is neither a local directory nor in the Hugging Face cache "
+                                f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set: fetch it with `{fetch}`")
+    print(f"downloading {spec} into {constants.HF_HUB_CACHE}", flush=True)
+    try:
+        return snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES)
+    except (OSError, ValueError) as err:   # unknown repo or revision, gated, no network
+        raise FileNotFoundError(f"{spec!r} is not a local directory and could not be downloaded "
+                                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                                f"check the name, or fetch it with `{fetch}`") from None
 
 
 def convert_once(write, target: str):
@@ -381,8 +416,8 @@ class ByteTokenizer:
 
 
 def load_tokenizer(path):
-    """"tiny" or a directory holding byte_tokenizer.json -> ByteTokenizer; any other directory or PACKAGED
-    name -> transformers.AutoTokenizer from local files only (with its chat template)."""
+    """"tiny" or a directory holding byte_tokenizer.json -> ByteTokenizer; any other directory, PACKAGED
+    or Hugging Face name -> transformers.AutoTokenizer from local files only (with its chat template)."""
     if os.fspath(path) == "tiny":
         return ByteTokenizer()
     path = checkpoint_dir(path)
@@ -464,11 +499,11 @@ class Embedder:
     def __init__(self, path: str | None = None, device="cpu", batch_size: int = 64, max_length: int | None = None,
                  dtype: torch.dtype | None = None, memo_size: int = 4096):
         if path is not None:
-            path = checkpoint_dir(path)   # a packaged name ("smollm2") -> its converted directory
+            path = checkpoint_dir(path)   # a packaged or Hugging Face name -> its directory
         self.path = default_embedder_path() if path is None else Path(path)
         if not (self.path / "config.json").is_file():
             raise FileNotFoundError(f"no embedder checkpoint at {self.path} (expected a config.json); pass a "
-                                    "model directory, or None for the bundled all-MiniLM-L6-v2")
+                                    "model directory or Hugging Face name, or None for the bundled all-MiniLM-L6-v2")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.device, self.batch_size, self.dtype = torch.device(device), int(batch_size), dtype

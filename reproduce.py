@@ -4,8 +4,9 @@ Runs the grid modes × seeds × tasks through train.py's own code path with iden
 process at a time, and writes into --results (default runs/reproduce; the committed record is results/)
     RESULTS/TASK/MODE-seedK/            the run (metrics.jsonl, curve.png, ckpt/, final.json)
     RESULTS/TASK.md, RESULTS/TASK.png   the paper-style table and the held-out curves (mean with a band)
-The grid is resumable: a run with final.json is skipped, a run with a checkpoint resumes from it, so the
-grid accumulates across sittings. `--table` only redraws the table and picture from what is there.
+The grid is resumable: a run with final.json is skipped (one damaged is noted and the run goes on), a run with a
+checkpoint resumes from it, so the grid accumulates across sittings. `--table` only redraws the table and
+picture from what is there.
 
 Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`) and `no-split`, the split-advantage ablation
 (`crl` with one advantage group over all G rollouts). The table gives the final held-out success with and
@@ -61,6 +62,31 @@ def run_dir(results: str, task: str, mode: str, seed: int) -> str:
     return os.path.join(results, task, f"{mode}-seed{seed}")
 
 
+NOTED = set()   # damaged final.json files already noted: the table and the picture each read every cell
+
+
+def read_final(out: str, task: str) -> dict | None:
+    """OUT/final.json, which marks a cell finished, or None while the cell is unfinished. train.py writes it
+    whole, so one that does not parse or lacks the held-out success was damaged afterwards (a copy cut short, a
+    full disk, an edit): it counts as unfinished, with a note, and the grid runs the cell again (from its last
+    checkpoint: only the final evaluation) instead of skipping it and failing to read it."""
+    path, key = os.path.join(out, "final.json"), f"eval/{task}/success_noexp"
+    if not os.path.exists(path):
+        return None
+    try:
+        final = json.load(open(path))
+        if isinstance(final, dict) and isinstance(final.get(key), (int, float)):
+            return final
+        why = f"no {key}"
+    except (ValueError, UnicodeDecodeError) as err:
+        why = f"{type(err).__name__}: {err}"
+    if path not in NOTED:
+        NOTED.add(path)
+        print(f"note: {path} is damaged ({why}); the cell counts as unfinished and the grid runs it again",
+              file=sys.stderr, flush=True)
+    return None
+
+
 def read_runs(results: str, task: str) -> dict:
     """{mode: {seed: {"final": final.json or None, "rows": metrics.jsonl rows}}} for every run folder."""
     runs = {}
@@ -70,10 +96,9 @@ def read_runs(results: str, task: str) -> dict:
         if mode not in MODES or not seed.isdigit():
             continue
         path = os.path.join(folder, name)
-        final = os.path.join(path, "final.json")
         metrics = os.path.join(path, "metrics.jsonl")
         runs.setdefault(mode, {})[int(seed)] = {
-            "final": json.load(open(final)) if os.path.exists(final) else None,
+            "final": read_final(path, task),
             "rows": [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []}
     return runs
 
@@ -213,7 +238,7 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
     out = run_dir(a.results, task, mode, seed)
     argv = train_argv(task, mode, seed, out, a, extra)
     check_same_flags(out, argv)
-    if os.path.exists(os.path.join(out, "final.json")):
+    if read_final(out, task) is not None:
         return
     # a crash between a save's two renames leaves the checkpoint in ckpt.old: train.py --resume puts it back
     resume = any(os.path.exists(os.path.join(out, c, "state.pt")) for c in ("ckpt", "ckpt.old"))

@@ -155,15 +155,20 @@ def save_flags(args):
 # ---------------------------------------------------------------------------------------------------------
 # Logs
 
-def open_log(args, start: int, name: str = "metrics.jsonl"):
-    """Rank 0's OUT/NAME (a line a step) for appending. On --resume the lines of iterations after the checkpoint
-    go (rewritten through a temporary file): the first line at or past `start`, or damaged (the line a crash cut),
-    ends what is kept, and the rest is dropped; damage before the checkpoint is an error naming the line."""
+def open_log(args, start: int, name: str = "metrics.jsonl", every_step: bool = True):
+    """Rank 0's OUT/NAME (a line a step, or with every_step=False a line some steps) for appending. On --resume
+    the lines of iterations after the checkpoint go (rewritten through a temporary file): the first line at or
+    past `start`, or damaged (the line a crash cut), ends what is kept, and the rest is dropped; damage before a
+    line older than the checkpoint is an error naming the line. Outside damage to the last lines older than the
+    checkpoint passes for a crash's cut, but loses their records for good (the run will not redo those steps):
+    in a line-a-step log, whose kept lines then stop short of the checkpoint's step, a warning names the line
+    and the steps."""
     if crl.rank() != 0:
         return None
     path = os.path.join(args.out, name)
     if args.resume and os.path.exists(path):
         lines, kept, damaged = open(path, encoding="utf-8", errors="replace").read().splitlines(), None, None
+        last = -1   # the last kept line's step
         for n, line in enumerate(lines):
             step = log_step(line)
             if step is None and damaged is None:
@@ -173,6 +178,12 @@ def open_log(args, start: int, name: str = "metrics.jsonl"):
                          f"{start - 1}); delete that line, then run again with --resume")
             if kept is None and (step is None or step >= start):
                 kept = n
+            elif kept is None:
+                last = step
+        if every_step and damaged is not None and kept == damaged and last + 1 < start:
+            steps = f"step {last + 1}" if last + 1 == start - 1 else f"steps {last + 1} to {start - 1}"
+            say(f"warning: {path} line {damaged + 1} is damaged: the record of {steps}, before the checkpoint, is "
+                f"lost (the run resumes after it)")
         write_file(path, "".join(line + "\n" for line in lines[:len(lines) if kept is None else kept]))
     return open(path, "a")
 

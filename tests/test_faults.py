@@ -102,12 +102,36 @@ def test_a_full_disk_keeps_the_old_file_and_says_so(run_dir, monkeypatch):
 
 
 # 3, 7. ----------------------------------------------------------------------------------------------------
-def test_a_cut_log_line_after_the_checkpoint_is_dropped(run_dir):
+def test_a_cut_log_line_after_the_checkpoint_is_dropped(run_dir, capsys):
     path = os.path.join(run_dir, "metrics.jsonl")
     with open(path, "a") as f:
         f.write('{"step": 2, "train/ro')                               # the disk filled mid-line
     resume(run_dir, "--iters", "3")
     assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert "warning" not in capsys.readouterr().err                  # step 2 ran again: nothing was lost
+
+
+def test_a_cut_bank_line_is_dropped_without_a_false_warning(run_dir, capsys):
+    """bank.jsonl has a line an evaluation, so a line cut after the checkpoint follows an older step's by more
+    than one: it is dropped like metrics.jsonl's, with no warning of a loss."""
+    path = os.path.join(run_dir, "bank.jsonl")
+    open(path, "w").write(json.dumps({"step": 0, "bank": {}}) + "\n" + '{"step": 2, "ba')
+    resume(run_dir, "--iters", "3")
+    assert [json.loads(line)["step"] for line in open(path)] == [0]
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_damaged_log_line_before_the_checkpoint_says_what_is_lost(run_dir, capsys):
+    """Step 1's line damaged from outside, with step 2's line (logged, then killed before its checkpoint) after
+    it: resuming from the checkpoint of step 1 keeps step 0, reruns step 2, and says step 1's record is gone."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    lines = open(path).read().splitlines()
+    open(path, "w").write(lines[0] + "\n" + "{broken\n" + json.dumps({"step": 2}) + "\n")
+    resume(run_dir, "--iters", "3")
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 2]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"warning: {path} line 2 is damaged: the record of step 1, before the checkpoint, is lost "
+                        f"(the run resumes after it)"]
 
 
 def test_a_damaged_log_line_before_the_checkpoint_is_named(run_dir):

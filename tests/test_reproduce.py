@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -56,6 +57,28 @@ def test_table_from_fabricated_results(tmp_path):
            "interval is above zero" in text
     reproduce.curve(root, "room")
     assert os.path.getsize(os.path.join(root, "room.png")) > 1000
+
+
+@pytest.mark.parametrize("damage", ['{"step": 1, "eval/room/succ', "[]", '{"step": 1}'])
+def test_a_damaged_final_json_is_an_unfinished_cell(tmp_path, monkeypatch, capsys, damage):
+    """final.json cut short, or whole but without the held-out success: the cell is not done, so it resumes from
+    its checkpoint (whose final evaluation rewrites the file), and meanwhile the table counts it unfinished
+    instead of failing; one note names the file."""
+    out = tmp_path / "room" / "crl-seed0"
+    (out / "ckpt").mkdir(parents=True)
+    (out / "ckpt" / "state.pt").write_bytes(b"")
+    (out / "final.json").write_text(damage)
+    _run(str(tmp_path), "crl", 1, {"eval/room/success_noexp": 0.5}, [])
+    calls = []
+    monkeypatch.setattr(reproduce, "check_same_flags", lambda *a: None)
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    a, _ = reproduce.parse_args(["--results", str(tmp_path), "--iters", "2"])
+    reproduce.run_one("room", "crl", 0, a, [])
+    assert len(calls) == 1 and calls[0][-1] == "--resume"
+    assert "| crl | 1/2 | — | 0.500 |" in reproduce.table(str(tmp_path), "room")
+    notes = [line for line in capsys.readouterr().err.splitlines() if "final.json" in line]
+    assert len(notes) == 1 and notes[0].startswith(f"note: {out / 'final.json'} is damaged (")
+    assert notes[0].endswith("the cell counts as unfinished and the grid runs it again")
 
 
 def test_bad_mode_is_one_line_error():
