@@ -14,6 +14,7 @@ in results/README.md and results/probes.md.
     vault_controls  the vault with an oracle and a shuffled bank: does the actor use the answer?
     vault_lessons   a vault run's lessons against each vault's door
     vault_forms     can the untrained extractor read the opened door off an episode, in three prompt forms?
+    cispo_vault     can CISPO alone teach the extractor to name the opened door (fresh vaults, a scripted follower)?
     random_play     a task's floor: success of a random valid action each turn on held-out instances
     gpu_profile     where a GPU's time goes: the training and decode steps kernel by kernel; two threads decoding
 
@@ -34,11 +35,11 @@ def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
     """The constrained policy over `actions` after the prompt tokens, exactly: each reply token is scored by
     model.token_logprobs among the tokens the actions allow after its prefix (what `generate` samples from)."""
     replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
-    tokens, mask, _ = parallel.pad_segments([segment(prompt, r) for r in replies], "cpu")
+    tokens, mask, _ = parallel.pad_segments([segment(prompt, r) for r in replies], model.embed_tokens.weight.device)
     allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
                 for j in range(len(reply))} for reply in replies]
     with torch.no_grad():
-        return token_logprobs(model, tokens, mask, allowed=allowed).sum(1).exp()
+        return token_logprobs(model, tokens, mask, allowed=allowed).sum(1).exp().cpu()
 
 
 def segment(prompt: list[int], reply: list[int]) -> crl.Segment:

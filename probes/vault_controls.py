@@ -65,15 +65,20 @@ def main(argv=None):
     run.manager.close()
 
 
-def scripted_episode(seed: int, won: bool) -> crl.Episode:
+def scripted_episode(seed: int, won: bool, shown: str | None = None, rng=None) -> crl.Episode:
     """A with-experience vault episode played by script: two wrong doors, then the right one (won) or a third
-    wrong one (lost)."""
+    wrong one (lost). With a numpy `rng` the wrong doors are drawn at random and a won episode opens after 0-2 of
+    them (no door order for a reader to learn); `shown` is the lesson it was shown."""
     env, e = envs.make("vault"), crl.Episode("vault", seed, 0, True)
     obs = env.reset(seed=seed)
     e.instruction, e.query = env.instruction, crl.retrieval_query(env, obs)
+    if shown is not None:
+        e.lessons, e.retrieved = [shown], [0]
     e.transcript.append(("environment", obs))
-    wrong = [d for d in env.actions if d != env.secret]
-    for door in wrong[:2] + [env.secret if won else wrong[2]]:
+    order = rng.permutation(len(env.actions)) if rng is not None else range(len(env.actions))
+    wrong = [env.actions[i] for i in order if env.actions[i] != env.secret]
+    locked = int(rng.integers(3)) if rng is not None and won else 2
+    for door in wrong[:locked] + [env.secret] if won else wrong[:3]:
         obs, e.reward, _, info = env.step(door)
         e.transcript += [("agent", door), ("environment", obs)]
     e.success = info["success"]

@@ -8,15 +8,16 @@ import re
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import crl
 import envs
 import train
-from bank import ExperienceBank
+from bank import ExperienceBank, Operation
 from model import load_tokenizer
-from probes import (ONE_MOVE, actor_policy, bank_value, episode, judge, lesson_follow, lessons, memoryless, policy,
+from probes import (ONE_MOVE, actor_policy, bank_value, cispo_vault, episode, judge, lesson_follow, lessons, memoryless, policy,
                     pool_lessons, random_play, vault_controls, vault_forms, vault_lessons, gpu_profile)
 from small.tiny import tiny_model
 from test_train import FAST
@@ -126,6 +127,52 @@ def test_scripted_vault_episodes_win_and_lose_as_scripted():
     won, lost = (vault_controls.scripted_episode(crl.EVAL_SEED0, outcome) for outcome in (True, False))
     assert won.success and won.reward == 1.0 and not lost.success and lost.reward == 0.0
     assert "opens" in won.transcript[-1][1] and [who for who, _ in lost.transcript].count("agent") == 3
+
+
+def test_random_scripted_vault_episodes_open_after_zero_to_two_locked_doors():
+    """With an rng: a won episode tries 0-2 distinct wrong doors, then the secret; a lost one 3 distinct wrong doors;
+    over 40 episodes every count of locked doors occurs and the first door tried is not always the same."""
+    rng = np.random.default_rng(0)
+    won = [vault_controls.scripted_episode(crl.EVAL_SEED0 + j, True, "north", rng) for j in range(40)]
+    lost = [vault_controls.scripted_episode(crl.EVAL_SEED0 + j, False, "north", rng) for j in range(40)]
+    secrets = [cispo_vault.secret(crl.EVAL_SEED0 + j) for j in range(40)]
+    for e, lose, s in zip(won, lost, secrets):
+        tried, failed = vault_controls.moves(e), vault_controls.moves(lose)
+        assert e.success and tried[-1] == s and s not in tried[:-1] and len(set(tried)) == len(tried) <= 3
+        assert not lose.success and len(set(failed)) == 3 and s not in failed and e.lessons == ["north"]
+    assert {len(vault_controls.moves(e)) for e in won} == {1, 2, 3}
+    assert len({vault_controls.moves(e)[0] for e in lost}) > 3
+
+
+def test_cispo_probe_credits_each_lesson_by_its_vaults_door():
+    """The follower plays a right lesson (the vault's door) and a wrong one 3 times each: with p_right 1 and
+    p_wrong 0, crl credits +1 three times to the right lesson's generation and -1 (a failure) to the wrong one's."""
+    args = train.parse_args(["--tasks", "vault", "--mode", "exp-only"])
+    run, _ = train.build(args, torch.device("cpu"), torch.float32)
+    seeds = [crl.EVAL_SEED0, crl.EVAL_SEED0 + 1]
+    secrets = {s: cispo_vault.secret(s) for s in seeds}
+    wrong = next(d for d in cispo_vault.DOORS if d != secrets[seeds[1]])
+    run.generations = {g: crl.Generation(g, "vault", [], [], [], []) for g in (10, 11)}
+    ops = [Operation("add", "vault", secrets[seeds[0]], source=10, origin=seeds[0]),
+           Operation("add", "vault", wrong, source=11, origin=seeds[1])]
+    assert cispo_vault.follow(run, ops, secrets, 1.0, 0.0, 3, np.random.default_rng(0)) == 0.5
+    assert run.generations[10].credits == [1.0] * 3 and run.generations[11].credits == [-1.0] * 3
+    run.manager.close()
+
+
+def test_cispo_probe_runs_its_steps_and_evaluations(tmp_path):
+    """A CISPO step of the tiny extractor on 3 fresh vaults (every lesson credited, so the step trains), evaluated
+    before and after on 2 held-out vaults: P(opened door) and the top door's mass are probabilities, and move."""
+    out = tmp_path / "probe"
+    cispo_vault.main(["--out", str(out), "--steps", "1", "--batch", "3", "--eval-every", "1", "--eval-vaults", "2",
+                      "--p-wrong", "0.5", "--actor", "tiny", "--extractor", "tiny", "--lesson-moves", "1",
+                      "--no-extractor-none"])
+    curve = [json.loads(line) for line in open(out / "curve.jsonl")]
+    steps = [json.loads(line) for line in open(out / "steps.jsonl")]
+    assert [c["step"] for c in curve] == [0, 1] and all(0 <= c["p_opened"] <= 1 for c in curve)
+    assert all(1 / 8 <= c["top_door_mass"] <= 1 and c["top_door"] in cispo_vault.DOORS for c in curve)
+    assert [s["step"] for s in steps] == [0] and steps[0]["cispo"] and steps[0]["lessons"] == 3
+    assert curve[0]["p_opened"] != curve[1]["p_opened"]          # the step changed the extractor
 
 
 def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
