@@ -36,7 +36,9 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
   at training time, which makes the ratio 1 and the clip inert;
 - only with-experience episodes may call search_and_ask: the release lets every rollout ask, which leaks the
   bank into the "without experience" half;
-- the re-rank's recency window counts iterations, not 300 s of wall clock, so a run replays exactly;
+- the re-rank's recency window counts iterations, not 300 s of wall clock, so a run replays exactly; what an
+  ask was shown is counted after the rollout, not at once: ranks ask at different turns, and their bank
+  replicas must stay identical;
 - a merged lesson is keyed by the mean of its entries' keys (query space), not by its own text, and credited
   to the chain call that wrote it, not the chain's last; no merge is skipped after an extractor update (the
   release's skip is a side effect of its PR #3);
@@ -134,7 +136,6 @@ class CRLConfig:
     free_text: bool = setting(True, "actor replies free text with <answer>ACTION</answer>; else constrained "
                                     "to the valid actions")
     max_asks: int = setting(2, "search_and_ask calls per free-text episode [release]", min=0)
-    ask_lessons: int = setting(3, "lessons retrieved for the extractor to answer an ask", min=1)
     history: str | None = setting(None, "turns kept in the actor's context: none (the whole episode, KV cache kept "
                                         "across turns), N for every task, or TASK=N,... (a task not named keeps the "
                                         "whole episode)", per_task=0)
@@ -342,6 +343,7 @@ class Episode:
     origins: list = field(default_factory=list)      # the instance seeds they were distilled from (-1: unknown)
     experience: list = field(default_factory=list)   # what the prompt holds: the lessons kept, as the actor kept them
     sources: list = field(default_factory=list)      # the extractor generations credited by this episode
+    asked: list = field(default_factory=list)        # the entry ids its asks were shown (counted after the rollout)
     verdicts: dict = field(default_factory=dict)     # generation -> the actor's judgement of its lesson
     segments: list = field(default_factory=list)
     transcript: list = field(default_factory=list)   # (who, text) lines for the extractor
@@ -388,6 +390,7 @@ class EpisodeBatch:
             e.transcript.append(("environment", view))
         # [release] nothing retrieves in the warm-up; the actor judges what it retrieved before it acts
         self.retrieving = self.cfg.uses_bank and (not train or run.step >= self.cfg.warmup)
+        self.ask_clock = rerank_clock(run, train, rank())   # this rank's asks: dropout draws of its own
         if self.retrieving:
             retrieve(run, [e for e in self.eps if e.with_exp], train=train)
             judge_lessons(run, [(e, o) for e, o in zip(self.eps, self.obs) if e.retrieved], rng, temperature, train)
@@ -491,7 +494,7 @@ class EpisodeBatch:
         the asker's next observation."""
         if not questions:
             return
-        answers = search_and_ask(self.run, [(self.eps[i], q) for i, q in questions], rng, record=self.train)
+        answers = search_and_ask(self.run, [(self.eps[i], q) for i, q in questions], rng, self.train, self.ask_clock)
         for (i, _), answer in zip(questions, answers):
             self.obs[i] = "Experience bank answer: " + answer
             self.eps[i].transcript.append(("experience bank", answer))
@@ -537,8 +540,7 @@ def retrieve(run, eps: list[Episode], train: bool = True):
     mine = [(e.task, e.query) for e in eps]
     everyone = gather_objects(mine) if train else [mine]
     me = rank() if train else 0
-    now = run.step if train else run.step + 1
-    rng = np.random.default_rng([run.seed, run.step if train else EVAL_STEP, RERANK])
+    now, rng = rerank_clock(run, train)
     for r, queries in enumerate(everyone):
         for task in sorted({t for t, _ in queries}):
             idx = [j for j, (t, _) in enumerate(queries) if t == task]
@@ -551,6 +553,14 @@ def retrieve(run, eps: list[Episode], train: bool = True):
                 eps[j].retrieved = [entry.id for entry, _ in hits]
                 eps[j].sources = [entry.source for entry, _ in hits]
                 eps[j].origins = [entry.origin for entry, _ in hits]
+
+
+def rerank_clock(run, train: bool, *rank) -> tuple[int, np.random.Generator]:
+    """The re-rank's `now` and dropout draws: in training the iteration under way, seeded by it; in evaluation
+    the counts as the next iteration would read them, seeded at EVAL_STEP. `rank`: a stream of the rank's own."""
+    if train:
+        return run.step, np.random.default_rng([run.seed, run.step, *rank, RERANK])
+    return run.step + 1, np.random.default_rng([run.seed, EVAL_STEP, *rank, RERANK])
 
 
 JUDGE_SYSTEM = (
@@ -704,6 +714,7 @@ MERGE_SYSTEM = (
 
 ASK_SYSTEM = ("You advise an agent that plays a text game. Answer its question in at most three sentences, "
               "using the lessons from earlier episodes where they apply.")
+NO_LESSONS = "(no lessons)"   # the answer to an ask where the task's bank is empty
 
 
 @dataclass
@@ -838,21 +849,28 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     return ops
 
 
-def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool = True) -> list[str]:
-    """The actor's tool (PAPER §Experience bank: search_and_ask): retrieve lessons for its question, let the
-    extractor answer. The answer is a generation like any other: the asking episode's outcome is its reward.
-    Searches here leave the re-rank state alone so DDP replicas stay identical."""
-    prompts = []
-    for e, q in questions:
-        hits = run.manager.search(e.task, [q], run.cfg.ask_lessons, update=False)[0]
-        user = f"Task: {e.instruction}\nQuestion: {q}\nLessons:\n{shown_lessons([entry.text for entry, _ in hits])}"
-        prompts.append(encode_chat(run.extractor_tok, [{"role": "system", "content": ASK_SYSTEM},
-                                                       {"role": "user", "content": user}]))
-    outputs = extractor_generate(run, prompts, [e.task for e, _ in questions], rng, record=record)
-    answers = []
-    for (e, _), (gen_id, reply) in zip(questions, outputs):
+def search_and_ask(run, questions: list[tuple[Episode, str]], rng, train: bool = True, clock=None) -> list[str]:
+    """The actor's tool (PAPER §Experience bank: search_and_ask): the bank's search for its question, its top 1
+    after the re-rank [release], and the extractor's answer from that lesson. The answer is a generation like
+    any other: the asking episode's outcome is its reward. A task with no lesson gets NO_LESSONS, with no
+    extractor call and nothing to credit [release]. `clock`: the re-rank's (now, rng), rerank_clock's. The
+    search reads the bank without counting: asks come at different turns on different ranks, so no rank can
+    wait for the others' questions; record_outcomes counts what they were shown, every rank's in rank order."""
+    now, rerank = clock or rerank_clock(run, train, rank())
+    answers, asking = [NO_LESSONS] * len(questions), []
+    for j, (e, q) in enumerate(questions):
+        hits = run.manager.search(e.task, [q], 1, update=False, now=now, rng=rerank)[0]
+        if hits:
+            e.asked.append(hits[0][0].id)
+            asking.append((j, e, q, hits[0][0].text))
+    prompts = [encode_chat(run.extractor_tok, [
+        {"role": "system", "content": ASK_SYSTEM},
+        {"role": "user", "content": f"Task: {e.instruction}\nQuestion: {q}\nLessons:\n{shown_lessons([lesson])}"}])
+        for _, e, q, lesson in asking]
+    outputs = extractor_generate(run, prompts, [e.task for _, e, _, _ in asking], rng, record=train) if asking else []
+    for (j, e, _, _), (gen_id, reply) in zip(asking, outputs):
         e.sources.append(gen_id)
-        answers.append(reply.split("</think>")[-1].strip() or "(no answer)")
+        answers[j] = reply.split("</think>")[-1].strip() or "(no answer)"
     return answers
 
 
@@ -1050,11 +1068,13 @@ def episode_specs(run, step: int) -> list[tuple]:
 
 
 def record_outcomes(run, eps: list[Episode]):
-    """Every rank's episodes, in rank order, update the retrieved entries' use counts (the re-rank reads
-    them), and each episode credits the generations it used (PAPER §Extractor objective: reward attribution)."""
-    for rank_uses in gather_objects([(e.retrieved, e.success) for e in eps if e.retrieved]):
-        for ids, success in rank_uses:
+    """Every rank's episodes, in rank order, update the retrieved entries' use counts and count the entries
+    their asks were shown (the re-rank reads that count), and each episode credits the generations it used
+    (PAPER §Extractor objective: reward attribution)."""
+    for rank_uses in gather_objects([(e.retrieved, e.success, e.asked) for e in eps if e.retrieved or e.asked]):
+        for ids, success, asked in rank_uses:
             run.manager.record_use(ids, success)
+            run.manager.bank.count_shown(asked, run.step)
     credit_generations(run, eps)
 
 

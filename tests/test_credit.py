@@ -102,6 +102,96 @@ def test_an_answered_ask_is_credited_like_a_lesson(mode):
     assert run.generations[gid].credits == [1.0]
 
 
+def spy_extractor(monkeypatch) -> list:
+    """extractor_generate as it is, each call's (prompts, outputs) recorded."""
+    calls, real = [], crl.extractor_generate
+
+    def spy(run_, prompts, *args, **kw):
+        calls.append((prompts, real(run_, prompts, *args, **kw)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(crl, "extractor_generate", spy)
+    return calls
+
+
+def test_an_ask_shows_the_reranked_top_1_and_counts_it(monkeypatch):
+    """[release] An ask is the bank's search, its top 1 after the re-rank, at the iteration under way (30). By
+    cosine X, Y, Z; X was shown twice this iteration, Y once at iteration 1: on the rank scale X scores
+    0 - 0.4 log 3 - 1 (recent) = -1.44, Y -1 - 0.4 log 2 = -1.28, Z -2, so the ask shows Y alone. The search
+    counts nothing at once; record_outcomes counts Y as shown at 30 and credits the answer's generation."""
+    run = make_run(extractor_free_text=True)
+    q = "where are the stairs?"
+    key = run.manager.embed([q, "y", "z"])
+    keys = [key[0], torch.nn.functional.normalize(key[0] + key[1], dim=0), key[2]]
+    x, y, z = run.manager.apply([Operation("add", "room", f"lesson {n}", key=k, source=-1)
+                                 for n, k in zip("XYZ", keys)])
+    assert float(keys[1] @ key[0]) > float(keys[2] @ key[0])   # the cosine order: X, Y, Z
+    bank, run.step = run.manager.bank, 30
+    bank.count_shown([x, x], 30)
+    bank.count_shown([y], 1)
+    calls = spy_extractor(monkeypatch)
+    e = episode(False, [])
+    answers = crl.search_and_ask(run, [(e, q)], torch.Generator().manual_seed(0))
+    prompt = run.extractor_tok.decode(calls[0][0][0])
+    assert "Lessons:\n[1] lesson Y<|im_end|>" in prompt and "lesson X" not in prompt and "lesson Z" not in prompt
+    assert e.asked == [y] and e.sources == [calls[0][1][0][0]] and answers != [crl.NO_LESSONS]
+    shown = lambda: [(en.id, en.shown) for en in bank.entries("room")]   # noqa: E731
+    assert shown() == [(x, 2), (y, 1), (z, 0)]
+    e.success, e.reward = True, 1.0
+    crl.record_outcomes(run, [e])
+    part = bank._parts["room"]
+    assert shown() == [(x, 2), (y, 2), (z, 0)] and part.last_shown[part.row_of[y]] == 30
+    assert run.generations[e.sources[0]].credits == [1.0]
+
+
+def test_an_ask_where_the_task_has_no_lesson_gets_a_fixed_answer(monkeypatch):
+    """[release] An ask on a task whose bank is empty finds nothing: it gets "(no lessons)", no extractor call,
+    no generation and nothing to credit; the other asks of the same call are answered as usual."""
+    run = make_run()
+    run.manager.apply([Operation("add", "room", "go east", key=run.manager.embed(["q"])[0], source=-1)])
+    calls = spy_extractor(monkeypatch)
+    maze, room = crl.Episode("maze", 0, 0, True), episode(False, [])
+    answers = crl.search_and_ask(run, [(maze, "where?"), (room, "where?")], torch.Generator().manual_seed(0))
+    assert answers[0] == crl.NO_LESSONS and maze.sources == [] and maze.asked == []
+    assert len(calls) == 1 and len(calls[0][0]) == 1 and list(run.generations) == room.sources
+    assert answers[1] == (calls[0][1][0][1].split("</think>")[-1].strip() or "(no answer)")
+    assert crl.search_and_ask(run, [(maze, "again?")], None) == [crl.NO_LESSONS] and len(calls) == 1
+
+
+def test_a_training_rollout_records_its_asks_and_an_evaluation_does_not(monkeypatch):
+    """The path a run takes: each with-experience episode's first reply asks (scripted). Evaluation records no
+    generation and counts nothing. In training each answer is a generation its episode credits; the one
+    lesson, shown by the training retrieval twice, is counted twice more once the rollout is over."""
+    from small.grammar import Constraint
+    run = make_run(free_text=True, max_steps=2, max_reply_tokens=24, judge="none", warmup=0)
+    run.manager.apply([Operation("add", "room", "go east", key=run.manager.embed(["q"])[0], source=-1)])
+    real, replies = crl.generate, {}
+
+    def first_reply_asks(model, prompts, *args, **kw):
+        if kw.get("session") is not None:   # the actor's turns: row r's first reply asks, the rest act
+            kw["constraint"] = [Constraint.from_strings(run.actor_tok, [
+                "<answer>east</answer>" if replies.setdefault(r, []) else "<ask>where?</ask>"]) for r in kw["rows"]]
+            for r in kw["rows"]:
+                replies[r].append(1)
+        return real(model, prompts, *args, **kw)
+
+    monkeypatch.setattr(crl, "generate", first_reply_asks)
+    specs = [("room", s, s, w) for s in (1, 2) for w in (False, True)]
+    entry = run.manager.bank.entries("room")[0]
+    for train in (False, True):
+        run.step = 6
+        replies.clear()
+        eps = crl.rollout(run, specs, torch.Generator().manual_seed(0), 1.0, train=train)
+        asking = [e for e in eps if e.with_exp]
+        assert [e.asks for e in eps] == [0, 1, 0, 1] and all(e.asked == [entry.id] for e in asking)
+        assert all(("experience bank", crl.NO_LESSONS) not in e.transcript for e in asking)
+        assert [e.sources for e in asking] == [[-1, 2 * train], [-1, 2 * train + 1]]   # the lesson's, the answer's
+        assert sorted(run.generations) == ([2, 3] if train else [])
+    assert entry.shown == 2                           # the training retrieval's two; the asks' come later
+    crl.record_outcomes(run, eps)
+    assert entry.shown == 4 and [len(run.generations[g].credits) for g in (2, 3)] == [1, 1]
+
+
 def test_lift_credits_the_gain_over_the_group_played_without_experience():
     """--credit lift: a with-experience episode credits its reward minus the mean reward of its group's
     episodes without experience (hand numbers); episodes without experience, or groups with none, give 0."""

@@ -392,7 +392,8 @@ def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
     tok = write_hf_checkpoint(actor_dir, 0)
     write_hf_checkpoint(extractor_dir, 1)
     # a random model almost never writes <ask>, so its first reply is constrained to a question: the
-    # rest (retrieval, the extractor's answer, the tool turn, training on it) is the real path
+    # rest (retrieval, the answer, the tool turn, training on it) is the real path; the bank is still empty
+    # then, so the answer is crl.NO_LESSONS (test_credit.py has the extractor's answers)
     from small.grammar import Constraint
     real, calls = crl.generate, []
 
