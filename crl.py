@@ -154,7 +154,9 @@ class CRLConfig:
                                        "group [release], or all (the paper's text is silent)", choices=("exp", "all"))
     distill_per_group: int = setting(0, "of those, episodes per group sent to the extractor (0: all)", min=0)
     max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
-    extractor_batch: int = setting(64, "rewarded generations buffered before a CISPO update [release]", min=1)
+    extractor_batch: int = setting(64, "CISPO batch: a step waits for this many generations with credits (over "
+                                       "all ranks) and trains those first credited latest; the older ones' "
+                                       "credits are dropped [release: a 64-slot buffer]", min=1)
     judge: str = setting("accept-refine-reject", "the actor's judgement of a retrieved lesson before it acts: "
                                                  "accept-refine-reject [release], accept-reject (two constrained "
                                                  "words, for small models), or none (the paper's text)",
@@ -727,6 +729,7 @@ class Generation:
     logprobs: list
     allowed: list
     credits: list = field(default_factory=list)
+    queued: int = -1   # the iteration of its first credit since it last left the batch: its place in the queue
 
 
 def render_episode(e: Episode, limit: int) -> str:
@@ -884,8 +887,12 @@ def credit_generations(run, eps: list[Episode]):
                for e, w in zip(eps, worth) for src in e.sources]
     for rank_credits in gather_objects(credits):
         for src, c in rank_credits:
-            if src in run.generations:
-                run.generations[src].credits.append(c)
+            g = run.generations.get(src)
+            if g is None:
+                continue
+            if not g.credits:   # [release] it enters the buffer now; more credits leave its place as it is
+                g.queued = run.step
+            g.credits.append(c)
 
 
 def episode_lift(eps: list[Episode]) -> list[float]:
@@ -910,17 +917,25 @@ def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float 
 
 
 def extractor_update(run) -> dict:
-    """Once enough generations have rewards (over all ranks), one CISPO step with A = reward - batch mean. A
-    trained generation stays: when its lesson is used again it returns with the mean of its new credits
-    [release]. The oldest unrewarded generations beyond max_generations are dropped."""
+    """Once `extractor_batch` generations have credits (over all ranks), one CISPO step on the newest
+    `extractor_batch` of them, with A = reward - batch mean; the older ones lose their credits untrained
+    [release: its buffer of 64 slots evicts the oldest on insert, and trains when full]. Newest means most
+    recently queued (`Generation.queued`, then the id). A trained or evicted generation stays: when its lesson
+    is used again it returns with the mean of its new credits [release]. The oldest generations beyond
+    max_generations are dropped."""
     cfg, stats = run.cfg, {}
-    ready = [g for g in run.generations.values() if g.credits]
-    total = all_reduce_sum(len(ready))
-    if total >= cfg.extractor_batch:
-        rewards = [sum(g.credits) / len(g.credits) for g in ready]
-        mean = all_reduce_sum(sum(rewards)) / total
+    ready = {gid: g for gid, g in run.generations.items() if g.credits}
+    # every rank sorts every rank's queue places alike (ids are unique across ranks), then trains its own
+    # among the newest: the batch is the same as one process holding them all would train
+    queue = sorted((place for places in gather_objects([(g.queued, gid) for gid, g in ready.items()])
+                    for place in places), reverse=True)
+    if len(queue) >= cfg.extractor_batch:
+        newest = {gid for _, gid in queue[:cfg.extractor_batch]}
+        batch = [g for gid, g in ready.items() if gid in newest]
+        rewards = [sum(g.credits) / len(g.credits) for g in batch]
+        mean = all_reduce_sum(sum(rewards)) / cfg.extractor_batch
         segments = []
-        for g in ready:
+        for g in batch:
             s = Segment()
             s.extend(g.prompt)
             s.extend(g.tokens, True, g.logprobs, g.allowed)
@@ -931,9 +946,9 @@ def extractor_update(run) -> dict:
                         Sampling(cfg.extractor_temperature, cfg.top_k, cfg.top_p))
         stats = policy_update(run, update, segments, [r - mean for r in rewards])
         run.timer["extractor_update"] += time.perf_counter() - t0
-        for g in ready:
+        for g in ready.values():
             g.credits = []
-        stats.update(reward=mean, generations=total)
+        stats.update(reward=mean, generations=cfg.extractor_batch, evicted=len(queue) - cfg.extractor_batch)
     for old in sorted(run.generations)[:max(0, len(run.generations) - cfg.max_generations)]:
         del run.generations[old]
     return stats

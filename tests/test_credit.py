@@ -78,6 +78,44 @@ def test_no_step_below_the_batch_threshold(monkeypatch):
     assert sorted(run.generations) == [0, 1, 2]
 
 
+def test_a_step_trains_the_generations_credited_last_and_drops_the_older_credits(monkeypatch):
+    """[release] Its buffer holds `extractor_batch` slots and evicts the oldest on insert: a step trains the
+    generations whose credits began latest (then the higher id), the older ones lose their credits untrained.
+    Batch 3. Iteration 1 credits 1 (+1), 2 and 3 (-1); iteration 2 credits 4 and 0 (+1) and 1 again (-1: its
+    place stays at iteration 1). The queue, last first: 4, 0 (iteration 2), 3, 2, 1: a step on 0, 3, 4 with
+    rewards +1, -1, +1, mean 1/3; 1 and 2 are evicted, and all five stay, awaiting new uses."""
+    run = make_run(extractor_batch=3)
+    for gid in range(5):
+        generation(run, gid)
+    run.step = 1
+    crl.credit_generations(run, [episode(True, [1]), episode(False, [2, 3])])
+    run.step = 2
+    crl.credit_generations(run, [episode(True, [4, 0]), episode(False, [1])])
+    assert [run.generations[g].queued for g in range(5)] == [2, 1, 1, 1, 2]
+    seen = {}
+    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(
+        n=len(segments), advantages=advantages) or {})
+    assert crl.extractor_update(run) == {"reward": pytest.approx(1 / 3), "generations": 3, "evicted": 2}
+    assert seen["n"] == 3 and seen["advantages"] == pytest.approx([2 / 3, -4 / 3, 2 / 3])   # 0, 3, 4
+    assert sorted(run.generations) == [0, 1, 2, 3, 4] and not any(g.credits for g in run.generations.values())
+
+
+def test_under_ddp_each_rank_trains_its_own_among_the_newest_of_all(monkeypatch):
+    """Every rank orders every rank's queue the same way. This rank holds 0 (queued at iteration 2, +1), 2 and
+    4 (iteration 1, -1 and +1); the other holds 1 (iteration 2, -1) and 3 (iteration 1). Batch 3, the newest
+    of all: 1, 0, 4. This rank trains 0 and 4; the mean is over all three, (1 - 1 + 1) / 3."""
+    run = make_run(extractor_batch=3)
+    for gid, credit, queued in ((0, 1.0, 2), (2, -1.0, 1), (4, 1.0, 1)):
+        generation(run, gid, [credit]).queued = queued
+    monkeypatch.setattr(crl, "gather_objects", lambda mine: [mine, [(2, 1), (1, 3)]])
+    monkeypatch.setattr(crl, "all_reduce_sum", lambda x: x - 1.0)   # the other rank's rewards: 1's -1
+    seen = {}
+    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(
+        advantages=advantages) or {})
+    assert crl.extractor_update(run) == {"reward": pytest.approx(1 / 3), "generations": 3, "evicted": 2}
+    assert seen["advantages"] == pytest.approx([2 / 3, 2 / 3])
+
+
 def test_unrewarded_generations_beyond_the_cap_are_dropped_oldest_first():
     run = make_run(extractor_batch=100, max_generations=2)
     for gid in (5, 3, 9, 7):
@@ -270,7 +308,7 @@ def test_judge_lessons_keeps_rewrites_and_drops(monkeypatch):
 def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch):
     """[release] A generation stays after its CISPO step; when its lesson is used again it is trained again, on
     the mean of the new credits only."""
-    run = make_run(extractor_batch=1)
+    run = make_run(extractor_batch=2)
     seen = []
     monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages:
                         seen.append(len(segments)) or {"loss": 0.0})
@@ -280,5 +318,6 @@ def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch)
     assert sorted(run.generations) == [0, 1] and run.generations[0].credits == []
     assert crl.extractor_update(run) == {}                      # nothing new: no step
     crl.credit_generations(run, [episode(True, [0]), episode(True, [0])])
+    run.cfg.extractor_batch = 1
     stats = crl.extractor_update(run)
     assert stats["reward"] == pytest.approx(1.0) and stats["generations"] == 1 and seen == [2, 1]

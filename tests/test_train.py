@@ -546,8 +546,9 @@ def test_ddp_updates_equal_one_process_on_the_same_episodes(tmp_path):
             run.generations = {**c0["inputs"], **c1["inputs"]}
             credited = lambda: sum(bool(g.credits) for g in run.generations.values())   # noqa: E731
             waiting = credited()
-            stats = crl.extractor_update(run)
-            assert stats["generations"] == c0["stats"]["generations"] == waiting - credited() > 0
+            stats = crl.extractor_update(run)   # the newest batch of all ranks' credited ones, the rest evicted
+            assert stats["generations"] == c0["stats"]["generations"] == c0["cfg"].extractor_batch
+            assert stats["generations"] + stats["evicted"] == waiting and credited() == 0
         assert stats == pytest.approx(c0["stats"], rel=1e-5, abs=1e-6)   # loss, grad norm, ratio, reward: global
         for k, v in model.state_dict().items():   # AdamW's first step turns float noise in a near-zero gradient
             assert torch.allclose(v, c0["after"][0][k], atol=1e-5), (c0["update"], k)   # into ~1e-6 (lr 1e-3)
