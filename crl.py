@@ -165,8 +165,9 @@ class CRLConfig:
                                      "(its score, 0 -> -1: +1/-1 on success/failure, WebShop's fraction as it is) "
                                      "[release and paper], or lift (its reward minus its group's mean without "
                                      "experience; ours)", choices=("outcome", "lift"))
-    max_generations: int = setting(4096, "unrewarded extractor generations kept, oldest dropped (a NONE "
-                                          "never earns credit)", min=0)
+    max_generations: int = setting(4096, "extractor generations kept; beyond it the oldest that hold no credits "
+                                          "and wrote no lesson still in the bank are dropped (a NONE, a trained "
+                                          "answer, a replaced lesson); one whose lesson lives is kept [release]", min=0)
     merge_every: int = setting(5, "iterations between merge passes (0: never) [release]", min=0)
     merge_size: int = setting(5, "entries of the bank each merge call adds to what the previous call wrote [release]",
                               min=1)
@@ -238,7 +239,7 @@ class CRLConfig:
 @dataclass
 class Run:
     """Everything a run holds: its settings, both models with their tokenizers and optimizers, the bank's
-    manager, the environment pool, the extractor's unrewarded generations, and counters. Built by train.py."""
+    manager, the environment pool, the extractor's generations, and counters. Built by train.py."""
     cfg: CRLConfig
     tasks: list
     seed: int
@@ -250,7 +251,7 @@ class Run:
     extractor_opt: torch.optim.Optimizer | None
     manager: object | None
     pool: "envs.EnvPool | None" = None
-    generations: dict = field(default_factory=dict)   # generation id -> Generation, awaiting its CISPO update
+    generations: dict = field(default_factory=dict)   # generation id -> Generation, awaiting credit or its update
     generations_made: int = 0                         # on this rank: the next generation id's counter
     step: int = 0                                     # the iteration under way (the re-rank's recency clock)
     counters: dict = field(default_factory=dict)
@@ -921,8 +922,7 @@ def extractor_update(run) -> dict:
     `extractor_batch` of them, with A = reward - batch mean; the older ones lose their credits untrained
     [release: its buffer of 64 slots evicts the oldest on insert, and trains when full]. Newest means most
     recently queued (`Generation.queued`, then the id). A trained or evicted generation stays: when its lesson
-    is used again it returns with the mean of its new credits [release]. The oldest generations beyond
-    max_generations are dropped."""
+    is used again it returns with the mean of its new credits [release]. Then `prune_generations`."""
     cfg, stats = run.cfg, {}
     ready = {gid: g for gid, g in run.generations.items() if g.credits}
     # every rank sorts every rank's queue places alike (ids are unique across ranks), then trains its own
@@ -949,9 +949,23 @@ def extractor_update(run) -> dict:
         for g in ready.values():
             g.credits = []
         stats.update(reward=mean, generations=cfg.extractor_batch, evicted=len(queue) - cfg.extractor_batch)
-    for old in sorted(run.generations)[:max(0, len(run.generations) - cfg.max_generations)]:
-        del run.generations[old]
+    prune_generations(run)
     return stats
+
+
+def prune_generations(run):
+    """Beyond `max_generations`, drop the oldest generations that can earn nothing more: no credits waiting and
+    no live bank entry written by them (a NONE, an ask's answer once trained, a lesson since replaced,
+    discarded or evicted). One whose lesson lives is kept past the cap, as the release keeps it in its entry:
+    the lesson's next use credits it. The bank is read only when the cap is passed."""
+    excess = len(run.generations) - run.cfg.max_generations
+    if excess <= 0:
+        return
+    bank = run.manager.bank
+    live = {e.source for task in bank.tasks() for e in bank.entries(task)}
+    idle = [gid for gid, g in sorted(run.generations.items()) if not g.credits and gid not in live]
+    for gid in idle[:excess]:
+        del run.generations[gid]
 
 
 def merge_pass(run, step: int, rng) -> list[Operation]:

@@ -1,8 +1,9 @@
 """The extractor's reward path against hand-computed numbers (PAPER §Extractor objective): each episode credits
 the generations behind what it used (its score, 0 -> -1, shaped by the actor's verdict on the lesson: the
 release's rule), a generation's reward is its mean credit (again after its update, on its new uses),
-A = reward - the batch mean, a CISPO step waits for `extractor_batch` rewarded generations, unrewarded ones
-beyond `max_generations` are dropped oldest first, and an answered ask is credited like a lesson."""
+A = reward - the batch mean, a CISPO step waits for `extractor_batch` rewarded generations and trains the
+`extractor_batch` credited last, beyond `max_generations` the oldest generations that hold no credit and wrote
+no live lesson are dropped, and an ask shows the re-ranked top 1, counts it, and is credited like a lesson."""
 import types
 
 import pytest
@@ -116,7 +117,32 @@ def test_under_ddp_each_rank_trains_its_own_among_the_newest_of_all(monkeypatch)
     assert seen["advantages"] == pytest.approx([2 / 3, 2 / 3])
 
 
-def test_unrewarded_generations_beyond_the_cap_are_dropped_oldest_first():
+def test_a_generation_is_kept_while_its_lesson_lives_or_its_credits_wait(monkeypatch):
+    """Beyond --max-generations only generations that can earn nothing more go, oldest first: no credit waiting
+    and no live entry naming them as its source. 0 wrote lesson A and holds a credit; 1 wrote lesson B, which a
+    merge (call 4) replaced; 2 holds a credit, its lesson gone; 3 and 5 wrote NONE. Cap 4: 1 and 3 go. Then A is
+    used again, B's old writer 1 earns nothing, and a step (batch 2) trains 0 and 2. Cap 1: 2 (trained, no
+    lesson) and 5 go; 0 and 4 stay past the cap while their lessons live, and A's next use credits 0."""
+    run = make_run(extractor_batch=3, max_generations=4)
+    key = run.manager.embed(["a", "b"])
+    a, b = run.manager.apply([Operation("add", "room", "lesson A", key=key[0], source=0),
+                              Operation("add", "room", "lesson B", key=key[1], source=1)])
+    run.manager.apply([Operation("update", "room", "lesson B merged", ids=(b,), source=4)])
+    assert [(e.text, e.source) for e in run.manager.bank.entries("room")] == [("lesson A", 0), ("lesson B merged", 4)]
+    for gid in range(6):
+        generation(run, gid, [1.0] if gid == 0 else [-1.0] if gid == 2 else [])
+    assert crl.extractor_update(run) == {}                     # 2 credited, the batch is 3
+    assert sorted(run.generations) == [0, 2, 4, 5]
+    crl.credit_generations(run, [episode(True, [0]), episode(True, [1])])
+    run.cfg.extractor_batch, run.cfg.max_generations = 2, 1
+    monkeypatch.setattr(crl, "policy_update", lambda *args: {})
+    assert crl.extractor_update(run) == {"reward": pytest.approx(0.0), "generations": 2, "evicted": 0}   # 1, -1
+    assert sorted(run.generations) == [0, 4]
+    crl.credit_generations(run, [episode(False, [0])])
+    assert run.generations[0].credits == [-1.0]
+
+
+def test_idle_generations_beyond_the_cap_are_dropped_oldest_first():
     run = make_run(extractor_batch=100, max_generations=2)
     for gid in (5, 3, 9, 7):
         generation(run, gid)

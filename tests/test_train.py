@@ -156,7 +156,7 @@ def test_the_actor_waits_out_the_warm_up(tmp_path):
 def test_resume_after_real_updates_is_exact(tmp_path):
     """After real steps of both models, a run that crashed between its checkpoint's two renames (the checkpoint
     left in ckpt.old) and after writing a metrics line past it, resumed with a bare --resume, ends with the
-    uninterrupted run's metrics and weights: AdamW state, unrewarded generations and the bank come back."""
+    uninterrupted run's metrics and weights: AdamW state, the extractor's generations and the bank come back."""
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     flags = [*STEPPING, "--mode", "crl", "--minibatches", "2"]
     a = train.main([*flags, "--iters", "4", "--out", full])
