@@ -370,7 +370,8 @@ class ExperienceBank:
         """For each query ([D] or [Q, D], normalised here), up to k (entry, cosine) pairs, best first by
         the re-ranked score. An unknown or empty task gives empty lists. `now` is the iteration (the recency
         clock); `rng` draws the top-1 dropout (None: no dropout). update=False reads the usage without
-        counting (evaluation, search_and_ask): such searches leave later answers unchanged."""
+        counting (evaluation; search_and_ask, whose picks crl counts later with count_shown): such searches
+        leave later answers unchanged."""
         q = torch.as_tensor(query_keys).detach().to("cpu", torch.float32)
         if q.dim() == 1:
             q = q[None]
@@ -425,9 +426,24 @@ class ExperienceBank:
         self.stats["off_top1"] += int((cos[np.arange(len(picked)), picked[:, 0]] < cos[:, 0] - 1e-6).sum())
         for i, sel in enumerate(picked):
             for r in rows[i, sel]:
-                part.shown[r] += 1
-                part.last_shown[r] = now
-                self._entries[int(part.ids[r])].shown += 1
+                self._show(part, r, now)
+
+    def _show(self, part, r, now):
+        part.shown[r] += 1
+        part.last_shown[r] = now
+        self._entries[int(part.ids[r])].shown += 1
+
+    def count_shown(self, ids, now: int) -> None:
+        """Count entries as shown at iteration `now` by searches that read without counting (update=False):
+        crl's asks, counted after the rollout. Entries gone meanwhile are skipped (stats["stale_uses"])."""
+        with self.lock:
+            for i in ids:
+                e = self._entries.get(int(i))
+                if e is None:
+                    self.stats["stale_uses"] += 1
+                    continue
+                part = self._parts[e.task]
+                self._show(part, part.row_of[e.id], int(now))
 
     # ---- persistence ----------------------------------------------------------------------------------------
     # dir/ holds meta.json (settings, counters), entries.jsonl (one entry a line, each task's oldest first, with

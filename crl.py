@@ -36,7 +36,9 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
   at training time, which makes the ratio 1 and the clip inert;
 - only with-experience episodes may call search_and_ask: the release lets every rollout ask, which leaks the
   bank into the "without experience" half;
-- the re-rank's recency window counts iterations, not 300 s of wall clock, so a run replays exactly;
+- the re-rank's recency window counts iterations, not 300 s of wall clock, so a run replays exactly; what an
+  ask was shown is counted after the rollout, not at once: ranks ask at different turns, and their bank
+  replicas must stay identical;
 - a merged lesson is keyed by the mean of its entries' keys (query space), not by its own text, and credited
   to the chain call that wrote it, not the chain's last; no merge is skipped after an extractor update (the
   release's skip is a side effect of its PR #3);
@@ -134,7 +136,6 @@ class CRLConfig:
     free_text: bool = setting(True, "actor replies free text with <answer>ACTION</answer>; else constrained "
                                     "to the valid actions")
     max_asks: int = setting(2, "search_and_ask calls per free-text episode [release]", min=0)
-    ask_lessons: int = setting(3, "lessons retrieved for the extractor to answer an ask", min=1)
     history: str | None = setting(None, "turns kept in the actor's context: none (the whole episode, KV cache kept "
                                         "across turns), N for every task, or TASK=N,... (a task not named keeps the "
                                         "whole episode)", per_task=0)
@@ -153,7 +154,9 @@ class CRLConfig:
                                        "group [release], or all (the paper's text is silent)", choices=("exp", "all"))
     distill_per_group: int = setting(0, "of those, episodes per group sent to the extractor (0: all)", min=0)
     max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
-    extractor_batch: int = setting(64, "rewarded generations buffered before a CISPO update [release]", min=1)
+    extractor_batch: int = setting(64, "CISPO batch: a step waits for this many generations with credits (over "
+                                       "all ranks) and trains those first credited latest; the older ones' "
+                                       "credits are dropped [release: a 64-slot buffer]", min=1)
     judge: str = setting("accept-refine-reject", "the actor's judgement of a retrieved lesson before it acts: "
                                                  "accept-refine-reject [release], accept-reject (two constrained "
                                                  "words, for small models), or none (the paper's text)",
@@ -162,8 +165,9 @@ class CRLConfig:
                                      "(its score, 0 -> -1: +1/-1 on success/failure, WebShop's fraction as it is) "
                                      "[release and paper], or lift (its reward minus its group's mean without "
                                      "experience; ours)", choices=("outcome", "lift"))
-    max_generations: int = setting(4096, "unrewarded extractor generations kept, oldest dropped (a NONE "
-                                          "never earns credit)", min=0)
+    max_generations: int = setting(4096, "extractor generations kept; beyond it the oldest that hold no credits "
+                                          "and wrote no lesson still in the bank are dropped (a NONE, a trained "
+                                          "answer, a replaced lesson); one whose lesson lives is kept [release]", min=0)
     merge_every: int = setting(5, "iterations between merge passes (0: never) [release]", min=0)
     merge_size: int = setting(5, "entries of the bank each merge call adds to what the previous call wrote [release]",
                               min=1)
@@ -235,7 +239,7 @@ class CRLConfig:
 @dataclass
 class Run:
     """Everything a run holds: its settings, both models with their tokenizers and optimizers, the bank's
-    manager, the environment pool, the extractor's unrewarded generations, and counters. Built by train.py."""
+    manager, the environment pool, the extractor's generations, and counters. Built by train.py."""
     cfg: CRLConfig
     tasks: list
     seed: int
@@ -247,7 +251,7 @@ class Run:
     extractor_opt: torch.optim.Optimizer | None
     manager: object | None
     pool: "envs.EnvPool | None" = None
-    generations: dict = field(default_factory=dict)   # generation id -> Generation, awaiting its CISPO update
+    generations: dict = field(default_factory=dict)   # generation id -> Generation, awaiting credit or its update
     generations_made: int = 0                         # on this rank: the next generation id's counter
     step: int = 0                                     # the iteration under way (the re-rank's recency clock)
     counters: dict = field(default_factory=dict)
@@ -343,6 +347,7 @@ class Episode:
     written: list = field(default_factory=list)      # the iterations they were written at
     experience: list = field(default_factory=list)   # what the prompt holds: the lessons kept, as the actor kept them
     sources: list = field(default_factory=list)      # the extractor generations credited by this episode
+    asked: list = field(default_factory=list)        # the entry ids its asks were shown (counted after the rollout)
     verdicts: dict = field(default_factory=dict)     # generation -> the actor's judgement of its lesson
     segments: list = field(default_factory=list)
     transcript: list = field(default_factory=list)   # (who, text) lines for the extractor
@@ -389,6 +394,7 @@ class EpisodeBatch:
             e.transcript.append(("environment", view))
         # [release] nothing retrieves in the warm-up; the actor judges what it retrieved before it acts
         self.retrieving = self.cfg.uses_bank and (not train or run.step >= self.cfg.warmup)
+        self.ask_clock = rerank_clock(run, train, rank())   # this rank's asks: dropout draws of its own
         if self.retrieving:
             retrieve(run, [e for e in self.eps if e.with_exp], train=train)
             judge_lessons(run, [(e, o) for e, o in zip(self.eps, self.obs) if e.retrieved], rng, temperature, train)
@@ -492,7 +498,7 @@ class EpisodeBatch:
         the asker's next observation."""
         if not questions:
             return
-        answers = search_and_ask(self.run, [(self.eps[i], q) for i, q in questions], rng, record=self.train)
+        answers = search_and_ask(self.run, [(self.eps[i], q) for i, q in questions], rng, self.train, self.ask_clock)
         for (i, _), answer in zip(questions, answers):
             self.obs[i] = "Experience bank answer: " + answer
             self.eps[i].transcript.append(("experience bank", answer))
@@ -538,8 +544,7 @@ def retrieve(run, eps: list[Episode], train: bool = True):
     mine = [(e.task, e.query) for e in eps]
     everyone = gather_objects(mine) if train else [mine]
     me = rank() if train else 0
-    now = run.step if train else run.step + 1
-    rng = np.random.default_rng([run.seed, run.step if train else EVAL_STEP, RERANK])
+    now, rng = rerank_clock(run, train)
     for r, queries in enumerate(everyone):
         for task in sorted({t for t, _ in queries}):
             idx = [j for j, (t, _) in enumerate(queries) if t == task]
@@ -553,6 +558,14 @@ def retrieve(run, eps: list[Episode], train: bool = True):
                 eps[j].sources = [entry.source for entry, _ in hits]
                 eps[j].origins = [entry.origin for entry, _ in hits]
                 eps[j].written = [entry.created for entry, _ in hits]
+
+
+def rerank_clock(run, train: bool, *rank) -> tuple[int, np.random.Generator]:
+    """The re-rank's `now` and dropout draws: in training the iteration under way, seeded by it; in evaluation
+    the counts as the next iteration would read them, seeded at EVAL_STEP. `rank`: a stream of the rank's own."""
+    if train:
+        return run.step, np.random.default_rng([run.seed, run.step, *rank, RERANK])
+    return run.step + 1, np.random.default_rng([run.seed, EVAL_STEP, *rank, RERANK])
 
 
 JUDGE_SYSTEM = (
@@ -706,6 +719,7 @@ MERGE_SYSTEM = (
 
 ASK_SYSTEM = ("You advise an agent that plays a text game. Answer its question in at most three sentences, "
               "using the lessons from earlier episodes where they apply.")
+NO_LESSONS = "(no lessons)"   # the answer to an ask where the task's bank is empty
 
 
 @dataclass
@@ -718,6 +732,7 @@ class Generation:
     logprobs: list
     allowed: list
     credits: list = field(default_factory=list)
+    queued: int = -1   # the iteration of its first credit since it last left the batch: its place in the queue
 
 
 def render_episode(e: Episode, limit: int) -> str:
@@ -840,21 +855,28 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     return ops
 
 
-def search_and_ask(run, questions: list[tuple[Episode, str]], rng, record: bool = True) -> list[str]:
-    """The actor's tool (PAPER §Experience bank: search_and_ask): retrieve lessons for its question, let the
-    extractor answer. The answer is a generation like any other: the asking episode's outcome is its reward.
-    Searches here leave the re-rank state alone so DDP replicas stay identical."""
-    prompts = []
-    for e, q in questions:
-        hits = run.manager.search(e.task, [q], run.cfg.ask_lessons, update=False)[0]
-        user = f"Task: {e.instruction}\nQuestion: {q}\nLessons:\n{shown_lessons([entry.text for entry, _ in hits])}"
-        prompts.append(encode_chat(run.extractor_tok, [{"role": "system", "content": ASK_SYSTEM},
-                                                       {"role": "user", "content": user}]))
-    outputs = extractor_generate(run, prompts, [e.task for e, _ in questions], rng, record=record)
-    answers = []
-    for (e, _), (gen_id, reply) in zip(questions, outputs):
+def search_and_ask(run, questions: list[tuple[Episode, str]], rng, train: bool = True, clock=None) -> list[str]:
+    """The actor's tool (PAPER §Experience bank: search_and_ask): the bank's search for its question, its top 1
+    after the re-rank [release], and the extractor's answer from that lesson. The answer is a generation like
+    any other: the asking episode's outcome is its reward. A task with no lesson gets NO_LESSONS, with no
+    extractor call and nothing to credit [release]. `clock`: the re-rank's (now, rng), rerank_clock's. The
+    search reads the bank without counting: asks come at different turns on different ranks, so no rank can
+    wait for the others' questions; record_outcomes counts what they were shown, every rank's in rank order."""
+    now, rerank = clock or rerank_clock(run, train, rank())
+    answers, asking = [NO_LESSONS] * len(questions), []
+    for j, (e, q) in enumerate(questions):
+        hits = run.manager.search(e.task, [q], 1, update=False, now=now, rng=rerank)[0]
+        if hits:
+            e.asked.append(hits[0][0].id)
+            asking.append((j, e, q, hits[0][0].text))
+    prompts = [encode_chat(run.extractor_tok, [
+        {"role": "system", "content": ASK_SYSTEM},
+        {"role": "user", "content": f"Task: {e.instruction}\nQuestion: {q}\nLessons:\n{shown_lessons([lesson])}"}])
+        for _, e, q, lesson in asking]
+    outputs = extractor_generate(run, prompts, [e.task for _, e, _, _ in asking], rng, record=train) if asking else []
+    for (j, e, _, _), (gen_id, reply) in zip(asking, outputs):
         e.sources.append(gen_id)
-        answers.append(reply.split("</think>")[-1].strip() or "(no answer)")
+        answers[j] = reply.split("</think>")[-1].strip() or "(no answer)"
     return answers
 
 
@@ -868,8 +890,12 @@ def credit_generations(run, eps: list[Episode]):
                for e, w in zip(eps, worth) for src in e.sources]
     for rank_credits in gather_objects(credits):
         for src, c in rank_credits:
-            if src in run.generations:
-                run.generations[src].credits.append(c)
+            g = run.generations.get(src)
+            if g is None:
+                continue
+            if not g.credits:   # [release] it enters the buffer now; more credits leave its place as it is
+                g.queued = run.step
+            g.credits.append(c)
 
 
 def episode_lift(eps: list[Episode]) -> list[float]:
@@ -894,17 +920,24 @@ def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float 
 
 
 def extractor_update(run) -> dict:
-    """Once enough generations have rewards (over all ranks), one CISPO step with A = reward - batch mean. A
-    trained generation stays: when its lesson is used again it returns with the mean of its new credits
-    [release]. The oldest unrewarded generations beyond max_generations are dropped."""
+    """Once `extractor_batch` generations have credits (over all ranks), one CISPO step on the newest
+    `extractor_batch` of them, with A = reward - batch mean; the older ones lose their credits untrained
+    [release: its buffer of 64 slots evicts the oldest on insert, and trains when full]. Newest means most
+    recently queued (`Generation.queued`, then the id). A trained or evicted generation stays: when its lesson
+    is used again it returns with the mean of its new credits [release]. Then `prune_generations`."""
     cfg, stats = run.cfg, {}
-    ready = [g for g in run.generations.values() if g.credits]
-    total = all_reduce_sum(len(ready))
-    if total >= cfg.extractor_batch:
-        rewards = [sum(g.credits) / len(g.credits) for g in ready]
-        mean = all_reduce_sum(sum(rewards)) / total
+    ready = {gid: g for gid, g in run.generations.items() if g.credits}
+    # every rank sorts every rank's queue places alike (ids are unique across ranks), then trains its own
+    # among the newest: the batch is the same as one process holding them all would train
+    queue = sorted((place for places in gather_objects([(g.queued, gid) for gid, g in ready.items()])
+                    for place in places), reverse=True)
+    if len(queue) >= cfg.extractor_batch:
+        newest = {gid for _, gid in queue[:cfg.extractor_batch]}
+        batch = [g for gid, g in ready.items() if gid in newest]
+        rewards = [sum(g.credits) / len(g.credits) for g in batch]
+        mean = all_reduce_sum(sum(rewards)) / cfg.extractor_batch
         segments = []
-        for g in ready:
+        for g in batch:
             s = Segment()
             s.extend(g.prompt)
             s.extend(g.tokens, True, g.logprobs, g.allowed)
@@ -915,12 +948,26 @@ def extractor_update(run) -> dict:
                         Sampling(cfg.extractor_temperature, cfg.top_k, cfg.top_p))
         stats = policy_update(run, update, segments, [r - mean for r in rewards])
         run.timer["extractor_update"] += time.perf_counter() - t0
-        for g in ready:
+        for g in ready.values():
             g.credits = []
-        stats.update(reward=mean, generations=total)
-    for old in sorted(run.generations)[:max(0, len(run.generations) - cfg.max_generations)]:
-        del run.generations[old]
+        stats.update(reward=mean, generations=cfg.extractor_batch, evicted=len(queue) - cfg.extractor_batch)
+    prune_generations(run)
     return stats
+
+
+def prune_generations(run):
+    """Beyond `max_generations`, drop the oldest generations that can earn nothing more: no credits waiting and
+    no live bank entry written by them (a NONE, an ask's answer once trained, a lesson since replaced,
+    discarded or evicted). One whose lesson lives is kept past the cap, as the release keeps it in its entry:
+    the lesson's next use credits it. The bank is read only when the cap is passed."""
+    excess = len(run.generations) - run.cfg.max_generations
+    if excess <= 0:
+        return
+    bank = run.manager.bank
+    live = {e.source for task in bank.tasks() for e in bank.entries(task)}
+    idle = [gid for gid, g in sorted(run.generations.items()) if not g.credits and gid not in live]
+    for gid in idle[:excess]:
+        del run.generations[gid]
 
 
 def merge_pass(run, step: int, rng) -> list[Operation]:
@@ -1052,11 +1099,13 @@ def episode_specs(run, step: int) -> list[tuple]:
 
 
 def record_outcomes(run, eps: list[Episode]):
-    """Every rank's episodes, in rank order, update the retrieved entries' use counts (the re-rank reads
-    them), and each episode credits the generations it used (PAPER §Extractor objective: reward attribution)."""
-    for rank_uses in gather_objects([(e.retrieved, e.success) for e in eps if e.retrieved]):
-        for ids, success in rank_uses:
+    """Every rank's episodes, in rank order, update the retrieved entries' use counts and count the entries
+    their asks were shown (the re-rank reads that count), and each episode credits the generations it used
+    (PAPER §Extractor objective: reward attribution)."""
+    for rank_uses in gather_objects([(e.retrieved, e.success, e.asked) for e in eps if e.retrieved or e.asked]):
+        for ids, success, asked in rank_uses:
             run.manager.record_use(ids, success)
+            run.manager.bank.count_shown(asked, run.step)
     credit_generations(run, eps)
 
 

@@ -204,7 +204,7 @@ def log_step(line: str) -> int | None:
 # files inside are plain).
 
 def save_checkpoint(run, out: str, step: int):
-    """Every rank calls it: each keeps its own unrewarded extractor generations, and with --fsdp each holds a
+    """Every rank calls it: each keeps its own extractor generations, and with --fsdp each holds a
     shard of the weights (saved with torch.distributed.checkpoint under dcp/, beside the HF export)."""
     tmp, final, old = (os.path.join(out, name) for name in ("ckpt.tmp", "ckpt", "ckpt.old"))
     if crl.rank() == 0:
@@ -348,7 +348,7 @@ def reading(path: str):
 
 
 def load_trainer_state(run, ckpt: str) -> int:
-    """Optimizers and the extractor's unrewarded generations from a checkpoint; returns the next step. A learning
+    """Optimizers and the extractor's generations from a checkpoint; returns the next step. A learning
     rate given again with --resume replaces the restored one (AdamW keeps its own copy in its param groups)."""
     state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)
     if run.actor_opt and state["actor_opt"]:
@@ -365,7 +365,7 @@ def load_trainer_state(run, ckpt: str) -> int:
         was = "with" if sharded else "without"
         sys.exit(f"error: --resume: the run was trained {was} --fsdp; resume it {was} --fsdp (the optimizers' state "
                  "is kept differently)")
-    mine = ranks[crl.rank()]   # each rank takes back its own unrewarded generations
+    mine = ranks[crl.rank()]   # each rank takes back its own generations
     run.generations = {g["id"]: crl.Generation(**g) for g in mine["generations"]}
     run.generations_made = mine["generations_made"]
     parallel.load_sharded(run, os.path.join(ckpt, "dcp"))

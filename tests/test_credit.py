@@ -1,8 +1,9 @@
 """The extractor's reward path against hand-computed numbers (PAPER §Extractor objective): each episode credits
 the generations behind what it used (its score, 0 -> -1, shaped by the actor's verdict on the lesson: the
 release's rule), a generation's reward is its mean credit (again after its update, on its new uses),
-A = reward - the batch mean, a CISPO step waits for `extractor_batch` rewarded generations, unrewarded ones
-beyond `max_generations` are dropped oldest first, and an answered ask is credited like a lesson."""
+A = reward - the batch mean, a CISPO step waits for `extractor_batch` rewarded generations and trains the
+`extractor_batch` credited last, beyond `max_generations` the oldest generations that hold no credit and wrote
+no live lesson are dropped, and an ask shows the re-ranked top 1, counts it, and is credited like a lesson."""
 import types
 
 import pytest
@@ -78,7 +79,70 @@ def test_no_step_below_the_batch_threshold(monkeypatch):
     assert sorted(run.generations) == [0, 1, 2]
 
 
-def test_unrewarded_generations_beyond_the_cap_are_dropped_oldest_first():
+def test_a_step_trains_the_generations_credited_last_and_drops_the_older_credits(monkeypatch):
+    """[release] Its buffer holds `extractor_batch` slots and evicts the oldest on insert: a step trains the
+    generations whose credits began latest (then the higher id), the older ones lose their credits untrained.
+    Batch 3. Iteration 1 credits 1 (+1), 2 and 3 (-1); iteration 2 credits 4 and 0 (+1) and 1 again (-1: its
+    place stays at iteration 1). The queue, last first: 4, 0 (iteration 2), 3, 2, 1: a step on 0, 3, 4 with
+    rewards +1, -1, +1, mean 1/3; 1 and 2 are evicted, and all five stay, awaiting new uses."""
+    run = make_run(extractor_batch=3)
+    for gid in range(5):
+        generation(run, gid)
+    run.step = 1
+    crl.credit_generations(run, [episode(True, [1]), episode(False, [2, 3])])
+    run.step = 2
+    crl.credit_generations(run, [episode(True, [4, 0]), episode(False, [1])])
+    assert [run.generations[g].queued for g in range(5)] == [2, 1, 1, 1, 2]
+    seen = {}
+    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(
+        n=len(segments), advantages=advantages) or {})
+    assert crl.extractor_update(run) == {"reward": pytest.approx(1 / 3), "generations": 3, "evicted": 2}
+    assert seen["n"] == 3 and seen["advantages"] == pytest.approx([2 / 3, -4 / 3, 2 / 3])   # 0, 3, 4
+    assert sorted(run.generations) == [0, 1, 2, 3, 4] and not any(g.credits for g in run.generations.values())
+
+
+def test_under_ddp_each_rank_trains_its_own_among_the_newest_of_all(monkeypatch):
+    """Every rank orders every rank's queue the same way. This rank holds 0 (queued at iteration 2, +1), 2 and
+    4 (iteration 1, -1 and +1); the other holds 1 (iteration 2, -1) and 3 (iteration 1). Batch 3, the newest
+    of all: 1, 0, 4. This rank trains 0 and 4; the mean is over all three, (1 - 1 + 1) / 3."""
+    run = make_run(extractor_batch=3)
+    for gid, credit, queued in ((0, 1.0, 2), (2, -1.0, 1), (4, 1.0, 1)):
+        generation(run, gid, [credit]).queued = queued
+    monkeypatch.setattr(crl, "gather_objects", lambda mine: [mine, [(2, 1), (1, 3)]])
+    monkeypatch.setattr(crl, "all_reduce_sum", lambda x: x - 1.0)   # the other rank's rewards: 1's -1
+    seen = {}
+    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(
+        advantages=advantages) or {})
+    assert crl.extractor_update(run) == {"reward": pytest.approx(1 / 3), "generations": 3, "evicted": 2}
+    assert seen["advantages"] == pytest.approx([2 / 3, 2 / 3])
+
+
+def test_a_generation_is_kept_while_its_lesson_lives_or_its_credits_wait(monkeypatch):
+    """Beyond --max-generations only generations that can earn nothing more go, oldest first: no credit waiting
+    and no live entry naming them as its source. 0 wrote lesson A and holds a credit; 1 wrote lesson B, which a
+    merge (call 4) replaced; 2 holds a credit, its lesson gone; 3 and 5 wrote NONE. Cap 4: 1 and 3 go. Then A is
+    used again, B's old writer 1 earns nothing, and a step (batch 2) trains 0 and 2. Cap 1: 2 (trained, no
+    lesson) and 5 go; 0 and 4 stay past the cap while their lessons live, and A's next use credits 0."""
+    run = make_run(extractor_batch=3, max_generations=4)
+    key = run.manager.embed(["a", "b"])
+    a, b = run.manager.apply([Operation("add", "room", "lesson A", key=key[0], source=0),
+                              Operation("add", "room", "lesson B", key=key[1], source=1)])
+    run.manager.apply([Operation("update", "room", "lesson B merged", ids=(b,), source=4)])
+    assert [(e.text, e.source) for e in run.manager.bank.entries("room")] == [("lesson A", 0), ("lesson B merged", 4)]
+    for gid in range(6):
+        generation(run, gid, [1.0] if gid == 0 else [-1.0] if gid == 2 else [])
+    assert crl.extractor_update(run) == {}                     # 2 credited, the batch is 3
+    assert sorted(run.generations) == [0, 2, 4, 5]
+    crl.credit_generations(run, [episode(True, [0]), episode(True, [1])])
+    run.cfg.extractor_batch, run.cfg.max_generations = 2, 1
+    monkeypatch.setattr(crl, "policy_update", lambda *args: {})
+    assert crl.extractor_update(run) == {"reward": pytest.approx(0.0), "generations": 2, "evicted": 0}   # 1, -1
+    assert sorted(run.generations) == [0, 4]
+    crl.credit_generations(run, [episode(False, [0])])
+    assert run.generations[0].credits == [-1.0]
+
+
+def test_idle_generations_beyond_the_cap_are_dropped_oldest_first():
     run = make_run(extractor_batch=100, max_generations=2)
     for gid in (5, 3, 9, 7):
         generation(run, gid)
@@ -100,6 +164,96 @@ def test_an_answered_ask_is_credited_like_a_lesson(mode):
     e.success, e.reward = True, 1.0
     crl.credit_generations(run, [e])
     assert run.generations[gid].credits == [1.0]
+
+
+def spy_extractor(monkeypatch) -> list:
+    """extractor_generate as it is, each call's (prompts, outputs) recorded."""
+    calls, real = [], crl.extractor_generate
+
+    def spy(run_, prompts, *args, **kw):
+        calls.append((prompts, real(run_, prompts, *args, **kw)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(crl, "extractor_generate", spy)
+    return calls
+
+
+def test_an_ask_shows_the_reranked_top_1_and_counts_it(monkeypatch):
+    """[release] An ask is the bank's search, its top 1 after the re-rank, at the iteration under way (30). By
+    cosine X, Y, Z; X was shown twice this iteration, Y once at iteration 1: on the rank scale X scores
+    0 - 0.4 log 3 - 1 (recent) = -1.44, Y -1 - 0.4 log 2 = -1.28, Z -2, so the ask shows Y alone. The search
+    counts nothing at once; record_outcomes counts Y as shown at 30 and credits the answer's generation."""
+    run = make_run(extractor_free_text=True)
+    q = "where are the stairs?"
+    key = run.manager.embed([q, "y", "z"])
+    keys = [key[0], torch.nn.functional.normalize(key[0] + key[1], dim=0), key[2]]
+    x, y, z = run.manager.apply([Operation("add", "room", f"lesson {n}", key=k, source=-1)
+                                 for n, k in zip("XYZ", keys)])
+    assert float(keys[1] @ key[0]) > float(keys[2] @ key[0])   # the cosine order: X, Y, Z
+    bank, run.step = run.manager.bank, 30
+    bank.count_shown([x, x], 30)
+    bank.count_shown([y], 1)
+    calls = spy_extractor(monkeypatch)
+    e = episode(False, [])
+    answers = crl.search_and_ask(run, [(e, q)], torch.Generator().manual_seed(0))
+    prompt = run.extractor_tok.decode(calls[0][0][0])
+    assert "Lessons:\n[1] lesson Y<|im_end|>" in prompt and "lesson X" not in prompt and "lesson Z" not in prompt
+    assert e.asked == [y] and e.sources == [calls[0][1][0][0]] and answers != [crl.NO_LESSONS]
+    shown = lambda: [(en.id, en.shown) for en in bank.entries("room")]   # noqa: E731
+    assert shown() == [(x, 2), (y, 1), (z, 0)]
+    e.success, e.reward = True, 1.0
+    crl.record_outcomes(run, [e])
+    part = bank._parts["room"]
+    assert shown() == [(x, 2), (y, 2), (z, 0)] and part.last_shown[part.row_of[y]] == 30
+    assert run.generations[e.sources[0]].credits == [1.0]
+
+
+def test_an_ask_where_the_task_has_no_lesson_gets_a_fixed_answer(monkeypatch):
+    """[release] An ask on a task whose bank is empty finds nothing: it gets "(no lessons)", no extractor call,
+    no generation and nothing to credit; the other asks of the same call are answered as usual."""
+    run = make_run()
+    run.manager.apply([Operation("add", "room", "go east", key=run.manager.embed(["q"])[0], source=-1)])
+    calls = spy_extractor(monkeypatch)
+    maze, room = crl.Episode("maze", 0, 0, True), episode(False, [])
+    answers = crl.search_and_ask(run, [(maze, "where?"), (room, "where?")], torch.Generator().manual_seed(0))
+    assert answers[0] == crl.NO_LESSONS and maze.sources == [] and maze.asked == []
+    assert len(calls) == 1 and len(calls[0][0]) == 1 and list(run.generations) == room.sources
+    assert answers[1] == (calls[0][1][0][1].split("</think>")[-1].strip() or "(no answer)")
+    assert crl.search_and_ask(run, [(maze, "again?")], None) == [crl.NO_LESSONS] and len(calls) == 1
+
+
+def test_a_training_rollout_records_its_asks_and_an_evaluation_does_not(monkeypatch):
+    """The path a run takes: each with-experience episode's first reply asks (scripted). Evaluation records no
+    generation and counts nothing. In training each answer is a generation its episode credits; the one
+    lesson, shown by the training retrieval twice, is counted twice more once the rollout is over."""
+    from small.grammar import Constraint
+    run = make_run(free_text=True, max_steps=2, max_reply_tokens=24, judge="none", warmup=0)
+    run.manager.apply([Operation("add", "room", "go east", key=run.manager.embed(["q"])[0], source=-1)])
+    real, replies = crl.generate, {}
+
+    def first_reply_asks(model, prompts, *args, **kw):
+        if kw.get("session") is not None:   # the actor's turns: row r's first reply asks, the rest act
+            kw["constraint"] = [Constraint.from_strings(run.actor_tok, [
+                "<answer>east</answer>" if replies.setdefault(r, []) else "<ask>where?</ask>"]) for r in kw["rows"]]
+            for r in kw["rows"]:
+                replies[r].append(1)
+        return real(model, prompts, *args, **kw)
+
+    monkeypatch.setattr(crl, "generate", first_reply_asks)
+    specs = [("room", s, s, w) for s in (1, 2) for w in (False, True)]
+    entry = run.manager.bank.entries("room")[0]
+    for train in (False, True):
+        run.step = 6
+        replies.clear()
+        eps = crl.rollout(run, specs, torch.Generator().manual_seed(0), 1.0, train=train)
+        asking = [e for e in eps if e.with_exp]
+        assert [e.asks for e in eps] == [0, 1, 0, 1] and all(e.asked == [entry.id] for e in asking)
+        assert all(("experience bank", crl.NO_LESSONS) not in e.transcript for e in asking)
+        assert [e.sources for e in asking] == [[-1, 2 * train], [-1, 2 * train + 1]]   # the lesson's, the answer's
+        assert sorted(run.generations) == ([2, 3] if train else [])
+    assert entry.shown == 2                           # the training retrieval's two; the asks' come later
+    crl.record_outcomes(run, eps)
+    assert entry.shown == 4 and [len(run.generations[g].credits) for g in (2, 3)] == [1, 1]
 
 
 def test_lift_credits_the_gain_over_the_group_played_without_experience():
@@ -180,7 +334,7 @@ def test_judge_lessons_keeps_rewrites_and_drops(monkeypatch):
 def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch):
     """[release] A generation stays after its CISPO step; when its lesson is used again it is trained again, on
     the mean of the new credits only."""
-    run = make_run(extractor_batch=1)
+    run = make_run(extractor_batch=2)
     seen = []
     monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages:
                         seen.append(len(segments)) or {"loss": 0.0})
@@ -190,5 +344,6 @@ def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch)
     assert sorted(run.generations) == [0, 1] and run.generations[0].credits == []
     assert crl.extractor_update(run) == {}                      # nothing new: no step
     crl.credit_generations(run, [episode(True, [0]), episode(True, [0])])
+    run.cfg.extractor_batch = 1
     stats = crl.extractor_update(run)
     assert stats["reward"] == pytest.approx(1.0) and stats["generations"] == 1 and seen == [2, 1]

@@ -156,7 +156,7 @@ def test_the_actor_waits_out_the_warm_up(tmp_path):
 def test_resume_after_real_updates_is_exact(tmp_path):
     """After real steps of both models, a run that crashed between its checkpoint's two renames (the checkpoint
     left in ckpt.old) and after writing a metrics line past it, resumed with a bare --resume, ends with the
-    uninterrupted run's metrics and weights: AdamW state, unrewarded generations and the bank come back."""
+    uninterrupted run's metrics and weights: AdamW state, the extractor's generations and the bank come back."""
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     flags = [*STEPPING, "--mode", "crl", "--minibatches", "2"]
     a = train.main([*flags, "--iters", "4", "--out", full])
@@ -392,7 +392,8 @@ def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
     tok = write_hf_checkpoint(actor_dir, 0)
     write_hf_checkpoint(extractor_dir, 1)
     # a random model almost never writes <ask>, so its first reply is constrained to a question: the
-    # rest (retrieval, the extractor's answer, the tool turn, training on it) is the real path
+    # rest (retrieval, the answer, the tool turn, training on it) is the real path; the bank is still empty
+    # then, so the answer is crl.NO_LESSONS (test_credit.py has the extractor's answers)
     from small.grammar import Constraint
     real, calls = crl.generate, []
 
@@ -545,8 +546,9 @@ def test_ddp_updates_equal_one_process_on_the_same_episodes(tmp_path):
             run.generations = {**c0["inputs"], **c1["inputs"]}
             credited = lambda: sum(bool(g.credits) for g in run.generations.values())   # noqa: E731
             waiting = credited()
-            stats = crl.extractor_update(run)
-            assert stats["generations"] == c0["stats"]["generations"] == waiting - credited() > 0
+            stats = crl.extractor_update(run)   # the newest batch of all ranks' credited ones, the rest evicted
+            assert stats["generations"] == c0["stats"]["generations"] == c0["cfg"].extractor_batch
+            assert stats["generations"] + stats["evicted"] == waiting and credited() == 0
         assert stats == pytest.approx(c0["stats"], rel=1e-5, abs=1e-6)   # loss, grad norm, ratio, reward: global
         for k, v in model.state_dict().items():   # AdamW's first step turns float noise in a near-zero gradient
             assert torch.allclose(v, c0["after"][0][k], atol=1e-5), (c0["update"], k)   # into ~1e-6 (lr 1e-3)
