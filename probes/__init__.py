@@ -20,26 +20,40 @@ in results/README.md and results/probes.md.
 
 Shared here: reading the words view (`ONE_MOVE`) and an actor's exact constrained policy (`policy`).
 """
+import math
 import re
 
 import torch
 
 import crl
 import parallel
-from model import token_logprobs
 
 ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)   # the stairs one move away, in the words view
 
 
 def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
-    """The constrained policy over `actions` after the prompt tokens, exactly: each reply token is scored by
-    model.token_logprobs among the tokens the actions allow after its prefix (what `generate` samples from)."""
+    """The constrained policy over `actions` after the prompt tokens, exactly: the product, over a reply's tokens,
+    of each token's probability among the tokens the actions allow after its prefix (what `generate` samples
+    from; a forced token counts 1). One forward pass a prefix where the actions branch, not one a reply: the 16
+    one-door lessons of the vault take 3."""
     replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
-    tokens, mask, _ = parallel.pad_segments([segment(prompt, r) for r in replies], model.embed_tokens.weight.device)
-    allowed = [{len(prompt) + j: sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
-                for j in range(len(reply))} for reply in replies]
-    with torch.no_grad():
-        return token_logprobs(model, tokens, mask, allowed=allowed).sum(1).exp().cpu()
+    branches = {}   # prefix -> the ids allowed after it, where there is a choice
+    for reply in replies:
+        for j in range(len(reply)):
+            allowed = sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
+            if len(allowed) > 1:
+                branches[tuple(reply[:j])] = allowed
+    logp = {}
+    if branches:
+        device = model.embed_tokens.weight.device
+        tokens, _, _ = parallel.pad_segments([segment(prompt, list(p)) for p in branches], device)
+        last = [len(prompt) + len(p) - 1 for p in branches]   # the state that predicts the token after p
+        with torch.no_grad():
+            logits = model.lm_head(model(tokens, hidden_only=True)[torch.arange(len(last)), last]).float()
+        for i, (p, allowed) in enumerate(branches.items()):
+            logp[p] = dict(zip(allowed, torch.log_softmax(logits[i, allowed], 0).tolist()))
+    return torch.tensor([math.exp(sum(logp[tuple(r[:j])][r[j]] for j in range(len(r)) if tuple(r[:j]) in logp))
+                         for r in replies])
 
 
 def segment(prompt: list[int], reply: list[int]) -> crl.Segment:
