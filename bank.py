@@ -53,6 +53,11 @@ class BankConfig:
                                                              "run replays)", "min": 0})
     dropout: float = field(default=0.5, metadata={"help": "probability that a just-shown top 1 moves to the end of "
                                                           "the candidates [release]", "min": 0, "max": 1})
+    search_batch: int = field(default=32, metadata={"help": "queries that read one snapshot of the usage counts: a "
+                                                            "training search counts what each batch of a call showed "
+                                                            "before the next batch reads them [release: up to 32 "
+                                                            "queries in a 5 ms window; here a call's queries in order]",
+                                                    "min": 1})
 
 
 @dataclass
@@ -89,7 +94,7 @@ class Operation:
 # the bank
 
 VERSION = 3              # of the saved layout: 3 = the rank-scale re-rank (counts shown, iterations last shown)
-RERANK = ("use_penalty", "recency_penalty", "recency_window", "dropout")   # the re-rank's saved settings
+RERANK = ("use_penalty", "recency_penalty", "recency_window", "dropout", "search_batch")   # its saved settings
 _NEVER = -(1 << 60)      # "last shown" of an entry no training search has returned
 
 
@@ -153,13 +158,14 @@ class _Partition:
 class ExperienceBank:
     """Entries partitioned by task, each task's L2-normalised keys in one matrix.
 
-    search = cosine top-`candidates` (one matmul + top-k; equal cosines newest first), then the release's re-rank on the rank scale
-    (PAPER §Experience bank: retrieval [release]): candidate j (0 = the cosine best) scores
+    search = cosine top-`candidates` (one matmul + top-k; equal cosines newest first), then the release's re-rank
+    on the rank scale (PAPER §Experience bank: retrieval [release]): candidate j (0 = the cosine best) scores
         -j - use_penalty*log(1 + times shown) - recency_penalty*[shown within the last recency_window iterations],
     and, with probability `dropout`, a just-shown top 1 moves to the end. An entry needs about 12 showings to
-    lose one place to its runner-up. All queries of one call read the usage as it was before the call (the
-    release takes one snapshot per batch of queries); a training search (update=True) then counts what it
-    showed, at iteration `now`. With both penalties 0 it is plain cosine top-k.
+    lose one place to its runner-up. A call's queries are read `search_batch` at a time, in order, each batch
+    from one snapshot of the usage (the release's batches of up to 32 queries); a training search (update=True)
+    counts what a batch showed, at iteration `now`, before the next batch reads. With both penalties 0 it is
+    plain cosine top-k.
     Capacity is per task; beyond it the oldest entry of the task is evicted.
     Thread-safe: every public method holds `lock` (one plain mutex; a training search counts what it shows,
     so it writes too). Public methods never call each other under it: it is not re-entrant.
@@ -167,15 +173,17 @@ class ExperienceBank:
 
     def __init__(self, dim: int, capacity: int = BankConfig.capacity, candidates: int = BankConfig.candidates,
                  use_penalty: float = BankConfig.use_penalty, recency_penalty: float = BankConfig.recency_penalty,
-                 recency_window: int = BankConfig.recency_window, dropout: float = BankConfig.dropout):
+                 recency_window: int = BankConfig.recency_window, dropout: float = BankConfig.dropout,
+                 search_batch: int = BankConfig.search_batch):
         if int(dim) <= 0 or int(capacity) <= 0 or int(candidates) <= 0:
             raise ValueError(f"ExperienceBank needs dim, capacity, candidates > 0 "
                              f"(got {dim}, {capacity}, {candidates})")
-        if use_penalty < 0 or recency_penalty < 0 or recency_window < 0 or not 0 <= dropout <= 1:
-            raise ValueError("ExperienceBank penalties and recency_window must be >= 0, dropout within [0, 1]")
+        if use_penalty < 0 or recency_penalty < 0 or recency_window < 0 or not 0 <= dropout <= 1 or search_batch < 1:
+            raise ValueError("ExperienceBank penalties and recency_window must be >= 0, dropout within [0, 1], "
+                             "search_batch >= 1")
         self.dim, self.capacity, self.candidates = int(dim), int(capacity), int(candidates)
         self.use_penalty, self.recency_penalty = float(use_penalty), float(recency_penalty)
-        self.recency_window, self.dropout = int(recency_window), float(dropout)
+        self.recency_window, self.dropout, self.search_batch = int(recency_window), float(dropout), int(search_batch)
         self.lock = threading.Lock()
         self._entries: dict[int, Entry] = {}
         self._parts: dict[str, _Partition] = {}
@@ -387,12 +395,16 @@ class ExperienceBank:
             part = self._parts.get(task)
             if part is None or part.n == 0:
                 return [[] for _ in range(len(q))]
-            cos, rows = self._candidates(part, q, min(part.n, max(self.candidates, int(k))))
-            picked = self._rerank(part, rows, min(int(k), part.n), int(now), rng)
-            if update:
-                self._count_shown(part, cos, rows, picked, int(now))
-            return [[(self._entries[int(part.ids[rows[i, j]])], float(cos[i, j])) for j in sel]
-                    for i, sel in enumerate(picked)]
+            out = []
+            c = min(part.n, max(self.candidates, int(k)))
+            for s in range(0, len(q), self.search_batch):   # a batch reads the counts the batches before it left
+                cos, rows = self._candidates(part, q[s:s + self.search_batch], c)
+                picked = self._rerank(part, rows, min(int(k), part.n), int(now), rng)
+                if update:
+                    self._count_shown(part, cos, rows, picked, int(now))
+                out += [[(self._entries[int(part.ids[rows[i, j]])], float(cos[i, j])) for j in sel]
+                        for i, sel in enumerate(picked)]
+            return out
 
     @staticmethod
     def _candidates(part, q, c):
@@ -511,7 +523,7 @@ class ExperienceBank:
         if old:                                  # carries over (times shown = uses), its settings and clock do not
             warnings.warn("experience bank saved before the release's rank-scale re-rank: its entries load, its "
                           "re-rank settings are the current defaults and its recency state starts afresh")
-        settings = {k: meta[k] for k in ("dim", "capacity", "candidates", *([] if old else RERANK))}
+        settings = {k: meta[k] for k in ("dim", "capacity", "candidates", *([] if old else RERANK)) if k in meta}
         bank = cls(**{**settings, **overrides})
         for r, key in zip(records, keys):
             bank._insert(r["task"], r["text"], key, r["source"], r["created"], eid=r["id"], uses=r["uses"],

@@ -143,6 +143,17 @@ def test_recency_is_one_rank_within_the_window_and_the_dropout_moves_a_recent_to
     assert bank.get(0).shown == 3 and bank.search("t", Q, 1, now=0)[0][0][0].text == "A"   # tie again
 
 
+def test_a_call_reads_one_snapshot_per_search_batch():
+    """[release] 40 queries with search_batch 32: the first 32 read the counts before the call and all get A; the
+    last 8 read A as just shown (-1.5 against B's -1) and get B; A's and B's shown counts and the off-top-1 count
+    follow. With one batch for all 40 (the planted bug of a snapshot a call) every query would get A."""
+    bank = three(use_penalty=0.0, recency_penalty=1.5, dropout=0.0, search_batch=32)
+    got = [r[0][0].text for r in bank.search("t", Q.expand(40, 2), 1, now=4)]
+    assert got == ["A"] * 32 + ["B"] * 8
+    assert [e.shown for e in bank.entries("t")] == [32, 8, 0] and bank.stats["off_top1"] == 8
+    assert [r[0][0].text for r in three(search_batch=50).search("t", Q.expand(40, 2), 1, now=4)] == ["A"] * 40
+
+
 # ---------------------------------------------------------------------------------------------------------
 # edits against a plain model
 
