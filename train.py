@@ -44,6 +44,12 @@ from small.tiny import tiny_model
 from small.presets import PRESETS, teach_lessons
 
 
+# --dtype auto on a CPU picks bf16 only where its matmul beats fp32's by this factor: where bf16 is native
+# (AVX-512 BF16, AMX) it is ~10x faster; where torch emulates it (AVX2) 20x slower or worse. A near tie goes to
+# fp32, which keeps the precision and skips autocast's casts.
+BF16_SPEEDUP = 1.25
+
+
 @dataclass
 class RunConfig:
     """What to train and where: the run's settings that are not the algorithm's (those are crl.CRLConfig)."""
@@ -62,8 +68,11 @@ class RunConfig:
                                   "given again overrides its saved value)")
     seed: int = setting(0, "seed of the models' init, the task instances and the sampling")
     device: str | None = setting(None, "cpu, cuda or cuda:N (default none: cuda when available)")
-    dtype: str | None = setting(None, "compute dtype of forward, backward and rollouts (default none: bfloat16 on "
-                                      "cuda, float32 on cpu)", choices=("float32", "bfloat16"))
+    dtype: str | None = setting("auto", "compute dtype of forward, backward and rollouts; auto: bfloat16 on cuda, and "
+                                        f"on a cpu whose bf16 matmul measures at start-up at least {BF16_SPEEDUP}x as "
+                                        "fast as fp32 (AVX-512 BF16, AMX, Arm BF16), else float32; none: bfloat16 on "
+                                        "cuda, float32 on cpu; --resume keeps the run's",
+                                choices=("auto", "float32", "bfloat16"))
     master_dtype: str = setting("float32", "dtype of the trained weights and AdamW state; bfloat16 halves their "
                                            "memory, but AdamW steps below half a bf16 ulp vanish (at lr 1e-6 most do)",
                                 choices=("float32", "bfloat16"))
@@ -197,6 +206,9 @@ def parse_args(argv=None):
     saved = saved_flags(p, given, defaults) if given.get("resume") else {}
     args = argparse.Namespace(**{**defaults, **presets({**saved, **given}), **saved, **given})
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    # whether --dtype auto chooses (model_dtype); on --resume, whether it would for this command: then the run's
+    # dtype is kept and checked against this machine's choice
+    args.dtype_auto = {**defaults, **presets({**saved, **given}), **given}["dtype"] == "auto"
     check(p, args)
     return args
 
@@ -242,9 +254,48 @@ def setup_distributed(args) -> torch.device:
     return torch.device("cpu")
 
 
+def matmul_seconds(dtype: torch.dtype, n: int = 512, reps: int = 2) -> float:
+    """Seconds of an n x n matmul on the CPU in `dtype`: the best of `reps` after an untimed one (oneDNN builds
+    its kernel on the first call); the best, since another process on the cores only ever adds time."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = math.inf
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def choose_dtype(device) -> tuple[str, str]:
+    """--dtype auto: (the dtype, why). bf16 on CUDA; on a CPU measured, not read from its name: bf16 where its
+    matmul is BF16_SPEEDUP times as fast as fp32's, else fp32 (under a second even where bf16 is emulated)."""
+    if device.type == "cuda":
+        return "bfloat16", "cuda"
+    fp32, bf16 = matmul_seconds(torch.float32), matmul_seconds(torch.bfloat16)
+    choice = "bfloat16" if bf16 * BF16_SPEEDUP <= fp32 else "float32"
+    return choice, (f"{torch.backends.cpu.get_cpu_capability()} cpu, 512x512 matmul: bf16 {bf16 * 1e3:.2f} ms, "
+                    f"fp32 {fp32 * 1e3:.2f} ms; bf16 when >= {BF16_SPEEDUP}x as fast")
+
+
 def model_dtype(args, device) -> torch.dtype:
-    """--dtype, else bf16 on CUDA and fp32 on CPU."""
-    return getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    """The compute dtype. --dtype auto is resolved here (rank 0's choice on every rank: the ranks must agree)
+    and written back into args, so OUT/args.json says what the run computes in and --resume keeps it; a resumed
+    run whose dtype was auto's choice warns when this machine would choose the other. None (the tiny preset's,
+    and the default of runs saved before auto existed): bf16 on CUDA, fp32 on CPU."""
+    if args.dtype is None:
+        args.dtype = "bfloat16" if device.type == "cuda" else "float32"
+    if args.dtype_auto:
+        auto, why = (("bfloat16", "bf16 weights: --master-dtype") if args.master_dtype == "bfloat16" else   # as check
+                     parallel.gather_objects(choose_dtype(device) if crl.rank() == 0 else None)[0])
+        if args.dtype == "auto":
+            args.dtype = auto
+            if crl.rank() == 0:
+                print(f"--dtype auto: {auto} ({why})")
+        elif auto != args.dtype and crl.rank() == 0:   # resumed elsewhere: the run keeps its number format, says so
+            warnings.warn(f"--resume: the run computes in {args.dtype}, as it began; --dtype auto here would choose "
+                          f"{auto} ({why}); --dtype {auto} switches")
+    return getattr(torch, args.dtype)
 
 
 def load_model(spec: str, seed: int, device, dtype, args, prior=None):

@@ -15,16 +15,18 @@ import parallel
 TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, warmup=2, free_text=False, history=0, max_reply_tokens=16,
             max_context=6144, extractor_reply_tokens=24, episode_chars=400, distill_per_group=2,
             extractor_batch=32, micro_batch=16, eval_every=30, iters=270, instructions=False, show_map=False,
-            max_steps="room=10,maze=10", judge="none")   # a model trained from scratch never learns to judge: no verdict is trained
+            max_steps="room=10,maze=10", judge="none",   # a model trained from scratch never learns to judge: no verdict is trained
+            dtype=None)   # not auto: fp32 on any CPU (the tiny results are fp32 runs), bf16 on CUDA
 TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 # SMOLLM2 (--actor smollm2, the 135M instruct model), each value measured on a 2-core CPU (results/smollm2/): the
 # lesson as a tip opening the first user turn, without the task text (followed 0.51 of the time against 0.18 at
 # the end of the system prompt; chance 0.125), replies constrained to the actions, lr 1e-5 (tuned on the GRPO
-# baseline's training success; 1e-4 collapsed), bf16 compute, a budget a CPU grid cell can afford, and 64
+# baseline's training success; 1e-4 collapsed), a budget a CPU grid cell can afford, and 64
 # evaluation episodes at once (256 peaked at 20 GB and were killed inside a trained run; 64: 7 GB, and faster).
 # No judgement of lessons (probes/judge.py, 32 held-out room starts and 32 vaults): constrained to accept/reject it
 # accepts 0.02-0.04 of lessons, right or wrong alike (differences -0.003, +0.001), and free text never parses as a
-# verdict (0 of 512), so either way it would drop nearly every lesson.
+# verdict (0 of 512), so either way it would drop nearly every lesson. The compute dtype is --dtype auto's: the
+# preset's bf16 was measured on an AVX-512 BF16 CPU, where it is faster; on an AVX2 one it trains ~6x slower.
 # Per task: the room, maze and vault grids ran 10 actions (every other task plays its own budget); the whole
 # episode stays in context, KV cache kept, up to SmolLM2's own 8,192 positions. ALFWorld's and WebShop's
 # observations go without their list of valid actions (the replies are constrained to it anyway): with it 30
@@ -35,7 +37,7 @@ TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
 SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, warmup=2, free_text=False, lesson_turn=True,
                instructions=False, show_map=False, list_actions=False, max_steps="room=10,maze=10,vault=10",
                max_context=8192, micro_batch=8, micro_tokens=8192, eval_every=10, eval_episodes=32,
-               eval_batch=64, iters=60, dtype="bfloat16", judge="none")
+               eval_batch=64, iters=60, judge="none")
 # --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are
 # constrained, a lesson is one move word (which the actor above follows), and it must write one (a NONE is never
 # credited: --no-extractor-none)

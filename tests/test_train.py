@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -611,3 +612,64 @@ def test_a_token_budget_leaves_the_update_unchanged():
     a, b = update(micro_batch=6), update(micro_batch=6, micro_tokens=40)   # lengths 10-25: batches of 1-4
     assert any(not torch.equal(a[k], tiny_model(seed=0).state_dict()[k]) for k in a)
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+# --dtype auto: bf16 where the CPU computes it natively, measured by train.choose_dtype's matmul probe
+
+def fake_probe(monkeypatch, fp32=None, bf16=None):
+    """train.matmul_seconds answering these seconds for fp32 and bf16; with none given, a probe fails the test."""
+    def seconds(dtype, **kw):
+        assert fp32 is not None, "the matmul probe ran"
+        return {torch.float32: fp32, torch.bfloat16: bf16}[dtype]
+    monkeypatch.setattr(train, "matmul_seconds", seconds)
+
+
+@pytest.mark.parametrize("bf16, chosen", [(0.1, "bfloat16"), (0.75, "bfloat16"), (0.9, "float32"), (6.0, "float32")])
+def test_dtype_auto_takes_bf16_where_its_matmul_measures_faster(monkeypatch, bf16, chosen):
+    """The default for a real checkpoint on a CPU: bf16 where its matmul takes at most 1 / BF16_SPEEDUP (0.8) of
+    fp32's time (native bf16: AVX-512 BF16, AMX), else fp32 (bf16 emulated, or a near tie); written back into
+    args, which args.json records."""
+    fake_probe(monkeypatch, 1.0, bf16)
+    args = train.parse_args(["--actor", "/some/ckpt"])
+    assert train.model_dtype(args, torch.device("cpu")) == getattr(torch, chosen) and args.dtype == chosen
+
+
+@pytest.mark.parametrize("argv, device, chosen", [
+    (["--actor", "/ckpt"], "cuda", "bfloat16"),                       # auto on CUDA: bf16, nothing measured
+    (["--actor", "/ckpt", "--dtype", "float32"], "cpu", "float32"),    # an explicit flag wins
+    (["--actor", "/ckpt", "--dtype", "bfloat16"], "cpu", "bfloat16"),
+    (["--actor", "/ckpt", "--dtype", "float32"], "cuda", "float32"),
+    ([], "cpu", "float32"), ([], "cuda", "bfloat16"),                  # the tiny preset: fp32 on CPU as its results
+    (["--actor", "/ckpt", "--master-dtype", "bfloat16"], "cpu", "bfloat16")])   # bf16 weights compute in bf16
+def test_cuda_an_explicit_dtype_and_tiny_choose_without_the_probe(monkeypatch, argv, device, chosen):
+    fake_probe(monkeypatch)
+    args = train.parse_args(argv)
+    assert train.model_dtype(args, torch.device(device)) == getattr(torch, chosen) and args.dtype == chosen
+
+
+def test_auto_dtype_is_stated_recorded_and_kept_on_resume(tmp_path, monkeypatch, capsys):
+    """A run says what auto chose and why, args.json records it, and --resume on a machine whose probe would
+    choose otherwise keeps the run's dtype with a one-line warning."""
+    actor, out = str(tmp_path / "actor"), str(tmp_path / "run")
+    write_hf_checkpoint(actor, 0)
+    fake_probe(monkeypatch, 1.0, 0.1)
+    run = train.main(["--tasks", "room", "--mode", "grpo", "--actor", actor, "--iters", "1", "--out", out,
+                      "--max-reply-tokens", "8", *FAST, "--eval-every", "0"])
+    assert parallel.compute_dtype(run.actor) == torch.bfloat16
+    assert "--dtype auto: bfloat16 (" in capsys.readouterr().out
+    saved = json.load(open(os.path.join(out, "args.json")))
+    assert saved["dtype"] == "bfloat16"
+    json.dump({**saved, "iters": 2}, open(os.path.join(out, "args.json"), "w"))
+    fake_probe(monkeypatch, 1.0, 6.0)   # resumed where bf16 is emulated
+    with pytest.warns(UserWarning, match="the run computes in bfloat16, as it began; --dtype auto here would "
+                                         r"choose float32 \(.*\); --dtype float32 switches"):
+        run = train.main(["--out", out, "--resume"])
+    assert parallel.compute_dtype(run.actor) == torch.bfloat16
+    assert json.load(open(os.path.join(out, "args.json")))["dtype"] == "bfloat16"
+    assert [r["step"] for r in read_metrics(out)] == [0, 1]
+
+
+def test_the_real_probe_is_quick_and_chooses_a_dtype():
+    start = time.perf_counter()
+    dtype, why = train.choose_dtype(torch.device("cpu"))
+    assert dtype in ("float32", "bfloat16") and "ms" in why and time.perf_counter() - start < 2
