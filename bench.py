@@ -833,7 +833,8 @@ def _print_train_mfu(a, name, train, flops, peaks, matmuls):
     for side, r in train.items():
         print(f"  {side:12s} step median {r['median s'] * 1e3:.2f} ms (best {r['best s'] * 1e3:.2f}, worst "
               f"{r['worst s'] * 1e3:.2f}, {r['repeats']} steps): {r['positions/s']:.4g} positions/s, "
-              f"{r['real tokens/s']:.4g} real tokens/s (padding {r['padding %']:.1f}% of positions); MFU median / best: "
+              f"{r['real tokens/s']:.4g} real tokens/s (padding {r['padding %']:.1f}% of positions); "
+              "MFU median / best: "
               f"{pct(r['MFU % datasheet median'])} / {pct(r['MFU % datasheet best'])} of the datasheet, "
               f"{pct(r['MFU % matmul median'])} / {pct(r['MFU % matmul best'])} of the matmul")
 
