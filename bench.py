@@ -33,6 +33,7 @@ import os
 import random
 import resource
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -189,11 +190,13 @@ def bench_generate(a):
     print(f"  ratio                             {t_hf / t_ours:7.2f} x")
 
 
-def _train_batch(V: int, batch: int, seq: int, device="cpu"):
-    """Right-padded random sequences of seq/2 to seq tokens and the mask of the scored ones (a first eighth,
-    the "prompt", is not scored)."""
-    tokens = torch.randint(1, V, (batch, seq))
-    lengths = torch.randint(seq // 2, seq + 1, (batch,))
+def _train_batch(V: int, batch: int, seq: int, device="cpu", seed=0):
+    """Right-padded random sequences of seq/2 to seq tokens (pad 0, real tokens 1..V-1) and the mask of the
+    scored ones (a first eighth, the "prompt", is not scored); drawn from their own generator seeded with
+    `seed`, so every call and every process times the same batch."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, V, (batch, seq), generator=g)
+    lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g)
     mask = torch.arange(seq)[None, :] < lengths[:, None]
     tokens = tokens.masked_fill(~mask, 0)
     mask[:, : seq // 8] = False
@@ -542,15 +545,59 @@ def _roof_ms(model, batch: int, context: float, bandwidth: float) -> float:
     return (model.num_params() + kv) * model.dtype.itemsize / bandwidth * 1e3
 
 
-def _train_flops(model, mask) -> float:
-    """The step's model FLOPs: 6 per weight per position through the blocks (forward 2, backward 4), causal
-    attention (q.k and p.v over the positions before each), and lm_head for the scored tokens only."""
+def _train_flops_parts(model, mask) -> tuple[float, float]:
+    """The step's model FLOPs in two parts, (blocks, lm_head): 6 per weight per position through the blocks
+    (forward 2, backward 4) with causal attention (q.k and p.v over the positions before each), at every
+    position, padding included; and 6 per lm_head weight for the scored tokens only."""
     c = model.config
     B, T = mask.shape
     head = c.vocab_size * c.hidden_size
     body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) - head
     attention = 3 * 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * (T / 2)
-    return B * T * (6 * body + attention) + 6 * head * int(mask[:, 1:].sum())
+    return B * T * (6 * body + attention), 6 * head * int(mask[:, 1:].sum())
+
+
+def _train_flops(model, mask) -> float:
+    """The whole step's model FLOPs: the blocks and lm_head (`_train_flops_parts`)."""
+    return sum(_train_flops_parts(model, mask))
+
+
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets (the sparsity figures halved), keyed by
+# torch.cuda.get_device_name; a name not here has no datasheet figure (None), and only the measured matmul is
+# reported against.
+DATASHEET_BF16 = {"NVIDIA H200": 989.5e12,               # H200 SXM
+                  "NVIDIA H100 80GB HBM3": 989.5e12,     # H100 SXM
+                  "NVIDIA H100 PCIe": 756.5e12,
+                  "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
+                  "NVIDIA A100 80GB PCIe": 312e12, "NVIDIA A100-PCIE-40GB": 312e12}
+
+
+def _datasheet_peak(device_name: str) -> float | None:
+    return DATASHEET_BF16.get(device_name)
+
+
+def _mfu(flops: float, seconds: float, peak: float | None) -> float | None:
+    """Percent of `peak` (FLOP/s) that `flops` done in `seconds` reach; None without a peak. The FLOPs must be
+    those of what took the seconds."""
+    return None if peak is None else 100 * flops / seconds / peak
+
+
+def _real_tokens(tokens, pad=0) -> int:
+    """The positions of a right-padded batch that hold a token (not `pad`)."""
+    return int((tokens != pad).sum())
+
+
+def _train_figures(flops: float, seconds: list, positions: int, real: int, peaks: dict) -> dict:
+    """A training step timed several times: its median and best (fastest) seconds, positions/s and real
+    tokens/s at the median, the padding share, and MFU at the median and at the best step against each peak
+    in `peaks` ({name: FLOP/s or None})."""
+    times = sorted(seconds)
+    median, best = statistics.median(times), times[0]
+    out = {"median s": median, "best s": best, "worst s": times[-1], "repeats": len(times),
+           "positions/s": positions / median, "real tokens/s": real / median, "padding %": 100 * (1 - real / positions)}
+    for name, peak in peaks.items():
+        out[f"MFU % {name} median"], out[f"MFU % {name} best"] = _mfu(flops, median, peak), _mfu(flops, best, peak)
+    return out
 
 
 def _matmul_flops(n: int, device, reps=20) -> float:
@@ -571,17 +618,23 @@ def _decode_flops_per_token(model, context: float) -> float:
     return 2 * weights + 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
 
 
-def _gpu_side(run_generate, train_step, a, device) -> dict:
+TRAIN_REPEATS, MATMUL_REPEATS = 5, 5
+
+
+def _gpu_side(run_generate, train_step, a, device) -> tuple[dict, list]:
     """One side's figures: generate (prefill + a.new tokens) time and peak; decode time alone, as generate
-    minus a one-token generate of the same prompts; forward + backward time and peak (after a warm-up)."""
+    minus a one-token generate of the same prompts; forward + backward peak and positions/s at the median of
+    TRAIN_REPEATS steps (after a warm-up); and the seconds of those steps."""
     run_generate(min(2, a.batch), 4)  # warm-up: Triton compiles, allocator pools
     t_gen, mem_gen = _timed_peak(lambda: run_generate(a.batch, a.new), device)
     t_first, _ = _timed_peak(lambda: run_generate(a.batch, 1), device)
     train_step()
-    t_train, mem_train = min((_timed_peak(train_step, device) for _ in range(3)), key=lambda r: r[0])
+    steps = [_timed_peak(train_step, device) for _ in range(TRAIN_REPEATS)]
+    seconds = [t for t, _ in steps]
     return {"generate tok/s": a.batch * a.new / t_gen, "generate peak MiB": mem_gen,
             "decode tok/s": a.batch * (a.new - 1) / (t_gen - t_first),
-            "train tok/s": a.train_batch * a.seq / t_train, "train peak MiB": mem_train}
+            "train positions/s": a.train_batch * a.seq / statistics.median(seconds),
+            "train peak MiB": max(m for _, m in steps)}, seconds
 
 
 def bench_gpu(a):
@@ -623,21 +676,27 @@ def bench_gpu(a):
             step()
         return from_no_grads
 
-    res = {"ours": _gpu_side(ours_generate, train_step("ours", ours), a, device),
-           "transformers": _gpu_side(hf_generate, train_step("hf", hf), a, device)}
-    peak = _matmul_flops(a.matmul, device)
+    res, train_s = {}, {}
+    for side, gen, model, kind in (("ours", ours_generate, ours, "ours"), ("transformers", hf_generate, hf, "hf")):
+        res[side], train_s[side] = _gpu_side(gen, train_step(kind, model), a, device)
+    matmuls = sorted(_matmul_flops(a.matmul, device) for _ in range(MATMUL_REPEATS))
+    peak = statistics.median(matmuls)
     per_token, train_flops = _decode_flops_per_token(ours, a.prompt + a.new / 2), _train_flops(ours, mask)
     for r in res.values():
         r["decode TFLOP/s"] = r["decode tok/s"] * per_token / 1e12
         r["decode share of peak %"] = 100 * r["decode tok/s"] * per_token / peak
-        r["train MFU %"] = 100 * train_flops * r["train tok/s"] / (a.train_batch * a.seq) / peak
-    _print_gpu_table(a, ours, device, res, peak, per_token)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peaks = {"datasheet": _datasheet_peak(name), "matmul": peak}
+    train = {side: _train_figures(train_flops, s, tokens.numel(), _real_tokens(tokens), peaks)
+             for side, s in train_s.items()}
+    _print_gpu_table(a, ours, device, res, peak, per_token, hf)
+    _print_train_mfu(a, name, train, train_flops, peaks, matmuls)
     (f32_frac, f32_mean), (bf16_frac, bf16_mean) = moved[torch.float32], moved[torch.bfloat16]
     print(f"  AdamW lr 1e-6, {LR_STEPS} steps, bf16 compute: weights moved {100 * f32_frac:.1f}% with fp32 masters, "
           f"{100 * bf16_frac:.1f}% with bf16 masters; mean |step| bf16 / fp32 masters = {bf16_mean / f32_mean:.3f}")
     del ours, hf
     steps = _decode_steps(a, device)
-    _print_decode_steps(a, steps, res["ours"]["train MFU %"])
+    _print_decode_steps(a, steps, train["ours"]["MFU % matmul median"])
 
 
 def _step_ms(run, n: int, cuda: bool, tries=2) -> float:
@@ -686,15 +745,19 @@ def _print_decode_steps(a, steps: dict, mfu: float):
     print(f"decode step, ms (prompt {a.prompt}, bf16, sampling at temperature 1; from the time of 66 or 34 tokens "
           f"minus that of 2); roof = every weight and the mean K/V cache read once at the measured copy "
           f"bandwidth, {steps['bandwidth'] / 1e12:.3g} TB/s")
+    print("  graphs, eager: ours (model.generate through a Session, with and without decode graphs); hf eager: "
+          "transformers' default generate (eager, DynamicCache, no static cache or torch.compile); each cell the "
+          "fastest of 2 tries in one call, not repeated")
     print(f"  {'shape':14s} {'batch':>5s} {'roof':>7s} {'graphs':>8s} {'x roof':>7s} {'eager':>8s} "
-          f"{'transformers':>12s} {'graphs vs transformers':>23s}")
+          f"{'hf eager':>12s} {'graphs vs hf eager':>19s} {'eager vs hf eager':>18s}")
     for key, r in steps.items():
         if key == "bandwidth":
             continue
         (name, b), g = key, r["graphs"]
         graphs = f"{g:8.3f} {g / r['roof']:6.1f}x" if g == g else f"{'-':>8s} {'-':>7s}"   # nan: no CUDA
         print(f"  {name:14s} {b:5d} {r['roof']:7.3f} {graphs} {r['eager']:8.3f} {r['transformers']:12.3f} "
-              + (f"{r['transformers'] / g:22.1f}x" if g == g else f"{'-':>23s}   (graphs: CUDA only)"))
+              + (f"{r['transformers'] / g:18.1f}x" if g == g else f"{'-':>19s}")
+              + f" {r['transformers'] / r['eager']:17.2f}x" + ("" if g == g else "   (graphs: CUDA only)"))
     if a.small:
         return
     for name, target in TARGETS.items():
@@ -702,8 +765,9 @@ def _print_decode_steps(a, steps: dict, mfu: float):
         met = r["graphs"] <= target and (name != "Qwen2.5-0.5B" or (r["graphs"] <= TARGET_ROOF * r["roof"] and
                                                                      r["transformers"] >= TARGET_VS_HF * r["graphs"]))
         print(f"  target {name} batch 32: <= {target} ms" + (f", <= {TARGET_ROOF:g}x roof, >= {TARGET_VS_HF:g}x "
-              "transformers" if name == "Qwen2.5-0.5B" else "") + f": {'met' if met else 'MISSED'}")
-    print(f"  target training MFU >= {TARGET_MFU:g}%: {mfu:.1f}%, {'met' if mfu >= TARGET_MFU else 'MISSED'}")
+              "transformers' eager step" if name == "Qwen2.5-0.5B" else "") + f": {'met' if met else 'MISSED'}")
+    print(f"  target training MFU >= {TARGET_MFU:g}% (median step, of the measured matmul): {mfu:.1f}%, "
+          f"{'met' if mfu >= TARGET_MFU else 'MISSED'}")
 
 
 LR_STEPS = 10
@@ -726,14 +790,22 @@ def _lr_1e6_steps(path, device, tokens, mask, master: torch.dtype) -> tuple[floa
     return (delta != 0).float().mean().item(), delta.abs().mean().item()
 
 
-def _print_gpu_table(a, ours, device, res, peak, per_token):
+def _hf_path(hf) -> str:
+    """Which transformers path was measured: its default eager generate and forward, and its attention."""
+    attn = getattr(hf.config, "_attn_implementation", None) or "default"
+    return f"transformers' default path: eager, DynamicCache, attention {attn}, no static cache or torch.compile"
+
+
+def _print_gpu_table(a, ours, device, res, peak, per_token, hf):
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"gpu  {name}: {'small' if a.small else 'Qwen2.5-0.5B'}-shaped random Qwen2, "
           f"{ours.num_params() / 1e6:.1f}M params, bf16, both sides on the same weights")
+    print(f"  transformers = {_hf_path(hf)}; ours = model.generate, decode graphs on CUDA")
     print(f"  generate: batch {a.batch} x prompt {a.prompt} + {a.new} sampled tokens (temperature 1, every row the "
-          f"full length); decode = generate minus a 1-token generate (prefill)")
+          f"full length); decode = generate minus a 1-token generate (prefill); one-shot runs (ours pays a fresh "
+          f"graph capture in each): the decode step table below is the steady-state figure")
     print(f"  train: token_logprobs vs transformers' logits + log-softmax + gather, fwd + bwd, batch "
-          f"{a.train_batch} x {a.seq}")
+          f"{a.train_batch} x {a.seq} (seeded; padding counted as positions), the median of {TRAIN_REPEATS} steps")
     print("  peak MiB: torch.cuda.max_memory_allocated during the call above what was allocated before it (the "
           "weights; gradients are included in train)")
     print(f"  matmul peak: {a.matmul}^3 bf16 torch.matmul {peak / 1e12:.4g} TFLOP/s; decode FLOPs/token = 2 x "
@@ -746,6 +818,25 @@ def _print_gpu_table(a, ours, device, res, peak, per_token):
             continue
         better = h / o if "MiB" in key else o / h  # memory: less is better
         print(f"  {key:24s} {o:12.4g} {h:13.4g} {better:14.2f}x")
+
+
+def _print_train_mfu(a, name, train, flops, peaks, matmuls):
+    """The training step's MFU: the median step first, then the best, against the datasheet's dense bf16 peak
+    (when the device is in DATASHEET_BF16) and against the measured matmul; the spread of the repeats."""
+    sheet = peaks["datasheet"]
+    print(f"  train MFU: model FLOPs {flops / 1e12:.4g} T a step (blocks and attention at all {a.train_batch * a.seq}"
+          f" positions, lm_head at the scored tokens); peaks: datasheet dense bf16 "
+          + (f"{sheet / 1e12:.4g} TFLOP/s ({name})" if sheet else f"unknown for {name}")
+          + f", measured {a.matmul}^3 bf16 matmul {peaks['matmul'] / 1e12:.4g} TFLOP/s (median of {len(matmuls)}, "
+          f"{matmuls[0] / 1e12:.4g}-{matmuls[-1] / 1e12:.4g})")
+    pct = lambda v: "-" if v is None else f"{v:.1f}%"   # noqa: E731
+    for side, r in train.items():
+        print(f"  {side:12s} step median {r['median s'] * 1e3:.2f} ms (best {r['best s'] * 1e3:.2f}, worst "
+              f"{r['worst s'] * 1e3:.2f}, {r['repeats']} steps): {r['positions/s']:.4g} positions/s, "
+              f"{r['real tokens/s']:.4g} real tokens/s (padding {r['padding %']:.1f}% of positions); "
+              "MFU median / best: "
+              f"{pct(r['MFU % datasheet median'])} / {pct(r['MFU % datasheet best'])} of the datasheet, "
+              f"{pct(r['MFU % matmul median'])} / {pct(r['MFU % matmul best'])} of the matmul")
 
 # ---------------------------------------------------------------------------------------------------------
 # step: one training iteration with the extractor and bank (crl) against the actor alone (grpo)

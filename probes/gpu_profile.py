@@ -4,8 +4,10 @@
     python -m probes.gpu_profile                   on CUDA: the three parts below
     python -m probes.gpu_profile --device cpu --small   the same code on a tiny shape (a smoke test)
 
-1. training: token_logprobs forward + backward on 8 x 1024 tokens (the median of 5), its MFU against a large
-   bf16 matmul (bench.py's definitions), the body alone, and the step's 14 costliest kernels;
+1. training: token_logprobs forward + backward on bench.py's seeded 8 x 1024 batch, and the body alone (no
+   lm_head): each one's MFU from its own model FLOPs (bench.py's definitions) over its median and best of 5
+   runs, against the datasheet's dense bf16 peak (bench.DATASHEET_BF16) and a measured 8192^3 bf16 matmul;
+   positions/s and real (unpadded) tokens/s; the step's 14 costliest kernels;
 2. decoding at batch 32: Session.decode a step with and without decode graphs, and the kernels of an eager step
    with their summed time (a graph replays the same kernels, so that sum is its floor);
 3. threads: 8 trials of two threads generating at once (3 fresh sessions each), the main thread capturing
@@ -23,8 +25,8 @@ import bench
 from model import Session, Transformer, generate, token_logprobs
 
 
-def timed(model, fn, sync, reps=5) -> float:
-    """Median seconds of fn(), gradients cleared before each call."""
+def timed(model, fn, sync, reps=5) -> list:
+    """Seconds of `reps` calls of fn() after an untimed one, gradients cleared before each call; sorted."""
     fn()
     times = []
     for _ in range(reps):
@@ -34,7 +36,7 @@ def timed(model, fn, sync, reps=5) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
+    return sorted(times)
 
 
 def kernels(fn, cuda: bool, rows: int, steps=1):
@@ -52,18 +54,35 @@ def kernels(fn, cuda: bool, rows: int, steps=1):
     return total
 
 
-def training(model, a, dev, sync):
+def training(model, a, dev, sync) -> dict:
+    """Times the whole step and the body alone; each one's MFU is the FLOPs of what was timed (the body: no
+    lm_head FLOPs) over its time, median and best of 5, against the datasheet's peak and the measured matmul.
+    Returns {part: bench._train_figures(...) and its "flops"}."""
     tokens, mask = bench._train_batch(model.config.vocab_size, a.batch, a.seq, dev)
-    peak, flops = bench._matmul_flops(a.matmul, dev), bench._train_flops(model, mask)
+    body, head = bench._train_flops_parts(model, mask)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    peaks = {"datasheet": bench._datasheet_peak(name), "matmul": bench._matmul_flops(a.matmul, dev)}
+    real, sheet = bench._real_tokens(tokens), peaks["datasheet"]
+    print(f"training, {a.batch} x {a.seq} positions ({real} real tokens, {int(mask[:, 1:].sum())} scored): model "
+          f"FLOPs {(body + head) / 1e12:.4g} T a step ({body / 1e12:.4g} T the blocks, {head / 1e12:.4g} T lm_head); "
+          "peaks: datasheet dense bf16 " + (f"{sheet / 1e12:.4g} TFLOP/s ({name})" if sheet else f"unknown ({name})")
+          + f", measured {a.matmul}^3 bf16 matmul {peaks['matmul'] / 1e12:.4g} TFLOP/s")
     step = lambda: token_logprobs(model, tokens, mask).sum().backward()   # noqa: E731
-    body = lambda: model(tokens, hidden_only=True).float().pow(2).mean().backward()   # noqa: E731
-    print(f"training, {a.batch} x {a.seq} tokens: model FLOPs {flops / 1e12:.3g} T a step, matmul peak "
-          f"{peak / 1e12:.4g} TFLOP/s")
-    for name, fn in (("token_logprobs forward + backward", step), ("the body alone (no lm_head)", body)):
-        t = timed(model, fn, sync)
-        print(f"  {name:36s} {t * 1e3:9.2f} ms   MFU {100 * flops / t / peak:5.1f}%")
+    body_only = lambda: model(tokens, hidden_only=True).float().pow(2).mean().backward()   # noqa: E731
+    pct = lambda v: "-" if v is None else f"{v:.1f}%"   # noqa: E731
+    out = {}
+    for part, fn, flops in (("token_logprobs forward + backward", step, body + head),
+                            ("the body alone (no lm_head)", body_only, body)):
+        r = out[part] = {"flops": flops, **bench._train_figures(flops, timed(model, fn, sync), tokens.numel(), real,
+                                                                 peaks)}
+        print(f"  {part:36s} median {r['median s'] * 1e3:9.2f} ms (best {r['best s'] * 1e3:.2f}, worst "
+              f"{r['worst s'] * 1e3:.2f}, {r['repeats']} runs)   MFU median / best: "
+              f"{pct(r['MFU % datasheet median'])} / {pct(r['MFU % datasheet best'])} of the datasheet, "
+              f"{pct(r['MFU % matmul median'])} / {pct(r['MFU % matmul best'])} of the matmul; "
+              f"{r['positions/s']:.4g} positions/s, {r['real tokens/s']:.4g} real tokens/s at the median")
     model.zero_grad(set_to_none=True)
     kernels(step, dev.type == "cuda", 14)
+    return out
 
 
 def decoding(model, a, dev, sync):

@@ -384,12 +384,43 @@ def test_bench_gpu_runs_on_cpu_small(capsys):
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    for key in ("generate tok/s", "decode tok/s", "train tok/s", "decode share of peak %"):
+    for key in ("generate tok/s", "decode tok/s", "train positions/s", "decode share of peak %"):
         row = re.search(rf"{re.escape(key)}\s+(\S+)\s+(\S+)\s+(\S+)x", out)
         assert row and all(float(v) > 0 for v in row.groups()), (key, out)
     assert re.search(r"generate peak MiB\s+-", out)  # memory is measured on CUDA only
     steps = re.findall(r"small\s+(\d+)\s+(\S+)\s+-\s+-\s+(\S+)\s+(\S+)", out)   # decode step: roof, eager, hf
     assert [int(b) for b, *_ in steps] == [1, 4] and all(float(v) > 0 for _, *vs in steps for v in vs), out
+
+
+def test_train_figures_are_the_median_first_against_both_peaks_with_real_tokens():
+    """The MFU arithmetic on hand-computed numbers: 2 TFLOP a step, steps of 50/40/100/60/50 ms (median 50,
+    best 40), 12 real tokens in 16 positions; then the H200 figures of results/gpu/h200-call3.txt recomputed."""
+    tokens = torch.tensor([[3, 4, 5, 6, 0, 0, 0, 0], [7, 8, 9, 1, 2, 3, 4, 5]])
+    assert bench._real_tokens(tokens) == 12
+    r = bench._train_figures(2e12, [0.05, 0.04, 0.10, 0.06, 0.05], tokens.numel(), bench._real_tokens(tokens),
+                             {"datasheet": 1000e12, "matmul": 800e12, "unknown": None})
+    assert (r["median s"], r["best s"], r["worst s"], r["repeats"]) == (0.05, 0.04, 0.10, 5)
+    assert r["positions/s"] == pytest.approx(320) and r["real tokens/s"] == pytest.approx(240)
+    assert r["padding %"] == pytest.approx(25)
+    assert r["MFU % datasheet median"] == pytest.approx(4.0) and r["MFU % datasheet best"] == pytest.approx(5.0)
+    assert r["MFU % matmul median"] == pytest.approx(5.0) and r["MFU % matmul best"] == pytest.approx(6.25)
+    assert r["MFU % unknown median"] is None and r["MFU % unknown best"] is None
+    assert bench._datasheet_peak("NVIDIA H200") == 989.5e12 and bench._datasheet_peak("cpu") is None
+    # call 3's probe: 22.61 T a step in a median 79.66 ms; the blocks, 18.67 T, in 47.98 ms, against its 790 TFLOP/s
+    assert bench._mfu(22.61e12, 79.66e-3, 989.5e12) == pytest.approx(28.68, abs=0.01)
+    assert bench._mfu(18.67e12, 47.98e-3, 790e12) == pytest.approx(49.26, abs=0.01)   # not 59.6
+
+
+def test_train_batch_is_seeded_and_its_real_tokens_are_the_unpadded_positions():
+    """The bench's batch no longer depends on the global RNG (three H200 calls timed three batches); the
+    real tokens of it are the scored ones plus each row's unscored first eighth."""
+    torch.manual_seed(1)
+    t1, m1 = bench._train_batch(100, 8, 64)
+    torch.manual_seed(2)
+    t2, m2 = bench._train_batch(100, 8, 64)
+    assert torch.equal(t1, t2) and torch.equal(m1, m2)
+    assert not torch.equal(bench._train_batch(100, 8, 64, seed=1)[0], t1)
+    assert bench._real_tokens(t1) == int(m1.sum()) + 8 * 64 // 8 < t1.numel()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

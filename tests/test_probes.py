@@ -325,12 +325,36 @@ def test_random_play_counts_an_episodes_observation_tokens():
     assert out["observation_tokens_mean"] == out["observation_tokens_max"] == sum(len(o.encode()) for o in seen)
 
 
+def test_gpu_profile_mfu_is_the_flops_of_what_was_timed_over_its_time(tmp_path):
+    """The body-alone run's MFU counts the blocks' FLOPs only (the H200 entry once divided the whole step's,
+    lm_head included, by the body's time). bench.SMALL by hand: per layer q 64x64, k and v 64x32, o 64x64,
+    gate, up and down 64x128 = 36,864 weights, 2 layers; causal attention 3 x 4 x layers x heads x head_dim x T/2."""
+    import bench
+    from model import Transformer
+    bench._random_checkpoint(bench.SMALL, str(tmp_path))
+    model = Transformer.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
+    a = argparse.Namespace(batch=2, seq=64, matmul=256)
+    out = gpu_profile.training(model, a, torch.device("cpu"), lambda: None)
+    body = 2 * 64 * (6 * 2 * 36864 + 3 * 4 * 2 * 4 * 16 * 32)
+    assert body == 62_914_560
+    head = 6 * 512 * 64 * int(bench._train_batch(512, 2, 64)[1][:, 1:].sum())
+    step, blocks = out["token_logprobs forward + backward"], out["the body alone (no lm_head)"]
+    assert step["flops"] == body + head and blocks["flops"] == body
+    for r in (step, blocks):   # 100 / the matmul's FLOP/s, the same for both parts
+        assert r["MFU % datasheet median"] is None   # no datasheet figure for a CPU
+        per_peak = r["MFU % matmul median"] * r["median s"] / r["flops"]
+        assert per_peak == pytest.approx(step["MFU % matmul median"] * step["median s"] / (body + head))
+        assert r["MFU % matmul best"] * r["best s"] / r["flops"] == pytest.approx(per_peak)
+
+
 def test_gpu_profile_runs_on_cpu_and_counts_failed_trials(capsys, monkeypatch):
     """The probe's own code on bench.py's tiny shape; then a generate that fails in the second thread must be
     counted in every trial (and shown), one that never fails in none."""
     gpu_profile.main(["--device", "cpu", "--small", "--trials", "1"])
     out = capsys.readouterr().out
-    assert re.search(r"token_logprobs forward \+ backward\s+[\d.]+ ms\s+MFU\s+[\d.]+%", out)
+    for part in (r"token_logprobs forward \+ backward", r"the body alone \(no lm_head\)"):
+        assert re.search(part + r"\s+median\s+[\d.]+ ms .* MFU median / best: - / - of the datasheet, "
+                         r"[\d.]+% / [\d.]+% of the matmul", out), out
     assert re.search(r"an eager step's kernels: [\d.]+ ms \(2 layers\)", out)
     assert "the other thread eager: 0 of 1 trials failed" in out
     real = gpu_profile.generate
