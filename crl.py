@@ -150,9 +150,11 @@ class CRLConfig:
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
-    extractor_reply_tokens: int = setting(1024, "tokens per extractor reply (a --lesson-moves reply gets at "
-                                                          "least its longest plan)", min=1)
-    episode_chars: int = setting(6000, "characters of a finished episode shown to the extractor", min=2)
+    extractor_reply_tokens: int = setting(8192, "tokens per extractor reply, room for a thinking model's reasoning "
+                                                "[release] (a --lesson-moves reply gets at least its longest plan)",
+                                          min=1)
+    episode_chars: int = setting(0, "characters of a finished episode shown to the extractor, its beginning and "
+                                    "end (0: the whole episode [release])", min=0)
     distill_from: str = setting("exp", "which episodes the extractor distils: exp, the with-experience half of each "
                                        "group [release], or all (the paper's text is silent)", choices=("exp", "all"))
     distill_per_group: int = setting(0, "of those, episodes per group sent to the extractor (0: all)", min=0)
@@ -740,9 +742,9 @@ class Generation:
 
 
 def render_episode(e: Episode, limit: int) -> str:
-    """Alternating environment/agent lines; a long episode keeps its beginning and end."""
+    """Alternating environment/agent lines; with a limit (not 0), a long episode keeps its beginning and end."""
     text = "\n".join(f"{who}: {line}" for who, line in e.transcript)
-    if len(text) > limit:
+    if limit and len(text) > limit:
         half = limit // 2
         text = text[:half] + "\n...\n" + text[-half:]
     return text
@@ -752,12 +754,19 @@ def shown_lessons(texts: list[str]) -> str:
     return "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts)) or "(none)"
 
 
+def extractor_view(e: Episode) -> list[tuple[int, str]]:
+    """The retrieved lessons the extractor is shown and may update, (entry id, text): all but those whose
+    judgement did not parse [release: the actor's prompt and the episode's record both lose such a lesson]."""
+    return [(i, text) for i, text, src in zip(e.retrieved, e.lessons, e.sources) if e.verdicts.get(src) != "unparsed"]
+
+
 def extractor_prompt(run, e: Episode) -> list[int]:
+    """[release] The outcome is SUCCESS for any score above 0: a WebShop purchase that matches in part too."""
     cfg = run.cfg
     system = (EXTRACTOR_SYSTEM.format(max_operations=cfg.max_operations)
               + ("\n" + EXTRACTOR_FORMAT if cfg.extractor_free_text else ""))
-    user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.success else 'FAILURE'}\n"
-            f"Lessons retrieved for the agent:\n{shown_lessons(e.lessons)}\n"
+    user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.reward > 0 else 'FAILURE'}\n"
+            f"Lessons retrieved for the agent:\n{shown_lessons([t for _, t in extractor_view(e)])}\n"
             f"Episode:\n{render_episode(e, cfg.episode_chars)}")
     return encode_chat(run.extractor_tok, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
@@ -843,18 +852,19 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     if not eps:
         return []
     prompts = [extractor_prompt(run, e) for e in eps]
+    shown = [[i for i, _ in extractor_view(e)] for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
-                                 heads_for(run, [len(e.retrieved) for e in eps], [e.task for e in eps]), record)
+                                 heads_for(run, [len(ids) for ids in shown], [e.task for e in eps]), record)
     keys = run.manager.embed([e.query for e in eps])
     ops = []
-    for e, key, (gen_id, reply) in zip(eps, keys, outputs):
+    for e, key, ids_shown, (gen_id, reply) in zip(eps, keys, shown, outputs):
         if not run.cfg.extractor_free_text:
             reply = reply.replace("\n", " ")    # a tiny extractor writes one operation: head + free body
-        parsed, bad = parse_operations(reply, len(e.retrieved), run.cfg.max_operations)
+        parsed, bad = parse_operations(reply, len(ids_shown), run.cfg.max_operations)
         run.counters["parse_failures"] += bad
         run.counters["operations"] += len(parsed)
         for kind, targets, text in parsed:
-            ids = tuple(e.retrieved[t - 1] for t in targets)
+            ids = tuple(ids_shown[t - 1] for t in targets)
             ops.append(Operation(kind, e.task, text, ids, key, gen_id, step, origin=e.seed))
     return ops
 
