@@ -274,6 +274,11 @@ class Run:
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
 # the task, the actions and the reply format; each observation is a user turn, each reply an assistant turn
 
+# [release] the lessons are framed as guidance that may not fit this episode, not as rules
+LESSONS_INTRO = ("Lessons distilled from earlier episodes follow. Let them guide your actions, but check them "
+                 "against what you see: some hold only for the episode they were drawn from.")
+
+
 def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool, instructions: bool = True,
                         max_asks: int = 2) -> str:
     """The env's instruction names the goal and the actions (ALFWorld lists its admissible commands in each
@@ -289,7 +294,7 @@ def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bo
     elif instructions:
         lines.append("Reply with one action.")
     if experience:
-        lines += ["Knowledge from earlier episodes:"] if instructions else []
+        lines += [LESSONS_INTRO] if instructions else []
         lines += [f"{i + 1}. {text}" for i, text in enumerate(experience)]
     return "\n".join(lines)
 
