@@ -291,14 +291,17 @@ class ExperienceBank:
             if not live:
                 self.stats["skipped"] += 1
                 return None
-            part = self._parts[task]
-            keys = part.keys[[part.row_of[i] for i in live]]
-            key = keys.mean(0)
-            key = key / key.norm() if key.norm() > 1e-6 else keys[0]  # opposite keys cancel: keep the first
+            key = self._mean_key(task, live)
         for i in live:
             self._delete(i)
         self.stats["updated"] += 1
         return self._insert(task, text, key, source, step, origin=origin)
+
+    def _mean_key(self, task, live):
+        part = self._parts[task]
+        keys = part.keys[[part.row_of[i] for i in live]]
+        key = keys.mean(0)
+        return key / key.norm() if key.norm() > 1e-6 else keys[0]  # opposite keys cancel: keep the first
 
     def _remove(self, ids, task=None):
         live, _ = self._live(ids, task)
@@ -323,6 +326,13 @@ class ExperienceBank:
         key = None if key is None else self._norm_key(key)
         with self.lock:
             return self._update(ids, text, key, source, step, task)
+
+    def mean_key(self, ids) -> torch.Tensor | None:
+        """The normalised mean of these entries' keys, as an update with key=None would key their merged entry
+        (ids gone are skipped; None when all are)."""
+        with self.lock:
+            live, task = self._live(ids, None, one_task=True)
+            return self._mean_key(task, live) if live else None
 
     def remove(self, ids) -> None:
         """Remove entries; ids already gone are skipped and counted in stats["stale_ids"]."""

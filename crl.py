@@ -25,7 +25,8 @@ release (github pUmpKin-Co/ComplementaryRL at ab2574f), which crl follows where 
                          CISPO: clipped weight, every token's gradient      cispo_loss
     §Experience bank     retrieval by the first view, rank-scale re-rank    retrieval_query, retrieve, bank.py
                          ADD / UPDATE / NONE from a with-exp episode        distill, extractor_prompt, parse_operations
-                         a rolling merge over the whole bank                merge_pass, MergeChain [release]
+                         a rolling merge over the whole bank, each reply    merge_pass, MergeChain [release]
+                         the new list for the lessons it was shown
                          the actor's tool                                   search_and_ask
     (evaluation)         held-out seeds, bank read-only                     evaluate
 
@@ -39,13 +40,15 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 - the re-rank's recency window counts iterations, not 300 s of wall clock, so a run replays exactly; what an
   ask was shown is counted after the rollout, not at once: ranks ask at different turns, and their bank
   replicas must stay identical;
-- a merged lesson is keyed by the mean of its entries' keys (query space), not by its own text, and credited
-  to the chain call that wrote it, not the chain's last; no merge is skipped after an extractor update (the
-  release's skip is a side effect of its PR #3);
+- a merge's reply lists its lessons as `UPDATE i,j: text` / `KEEP i` lines, not free items: each names the
+  lessons it stands for, and is keyed by the mean of their entries' keys (query space: the first views that
+  retrieve it; a kept lesson: its own key), not by its own text; it is credited to the chain call whose list
+  held it last, not the chain's last successful call (they differ after a failed call); no merge is skipped
+  after an extractor update (the release's skip is a side effect of its PR #3);
 - the judge reads the task, the first view and the lesson, not the task's running score; an extractor reply's
   bad lines are skipped, not the whole reply; the bank's capacity is per task, not shared;
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
-  extractor writes through constrained operation heads (small/grammar.py); on CPU
+  extractor writes through constrained operation heads (small/grammar.py; a merge lists one lesson); on CPU
   distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
 One option is ours alone, off by default: `--credit lift` credits a lesson with its episode's gain over the
 same instance played without experience (episode_lift).
@@ -147,13 +150,16 @@ class CRLConfig:
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
     extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
-    extractor_reply_tokens: int = setting(1024, "tokens per extractor reply (a --lesson-moves reply gets at "
-                                                          "least its longest plan)", min=1)
-    episode_chars: int = setting(6000, "characters of a finished episode shown to the extractor", min=2)
+    extractor_reply_tokens: int = setting(8192, "tokens per extractor reply, room for a thinking model's reasoning "
+                                                "[release] (a --lesson-moves reply gets at least its longest plan)",
+                                          min=1)
+    episode_chars: int = setting(0, "characters of a finished episode shown to the extractor, its beginning and "
+                                    "end (0: the whole episode [release])", min=0)
     distill_from: str = setting("exp", "which episodes the extractor distils: exp, the with-experience half of each "
                                        "group [release], or all (the paper's text is silent)", choices=("exp", "all"))
     distill_per_group: int = setting(0, "of those, episodes per group sent to the extractor (0: all)", min=0)
-    max_operations: int = setting(3, "bank operations kept from one extractor reply", min=1)
+    max_operations: int = setting(3, "bank operations kept from one distilling reply (a merge's list is bounded "
+                                     "by the lessons it was shown)", min=1)
     extractor_batch: int = setting(64, "CISPO batch: a step waits for this many generations with credits (over "
                                        "all ranks) and trains those first credited latest; the older ones' "
                                        "credits are dropped [release: a 64-slot buffer]", min=1)
@@ -268,6 +274,11 @@ class Run:
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
 # the task, the actions and the reply format; each observation is a user turn, each reply an assistant turn
 
+# [release] the lessons are framed as guidance that may not fit this episode, not as rules
+LESSONS_INTRO = ("Lessons distilled from earlier episodes follow. Let them guide your actions, but check them "
+                 "against what you see: some hold only for the episode they were drawn from.")
+
+
 def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bool, instructions: bool = True,
                         max_asks: int = 2) -> str:
     """The env's instruction names the goal and the actions (ALFWorld lists its admissible commands in each
@@ -283,7 +294,7 @@ def actor_system_prompt(env, experience: list[str], free_text: bool, can_ask: bo
     elif instructions:
         lines.append("Reply with one action.")
     if experience:
-        lines += ["Knowledge from earlier episodes:"] if instructions else []
+        lines += [LESSONS_INTRO] if instructions else []
         lines += [f"{i + 1}. {text}" for i, text in enumerate(experience)]
     return "\n".join(lines)
 
@@ -709,12 +720,12 @@ EXTRACTOR_FORMAT = "Reason if it helps, then put the operations inside <answer><
 
 
 MERGE_SYSTEM = (
-    "You keep a bank of short lessons for an agent that plays a text game. Consolidate the numbered lessons "
-    "below without losing what is useful: merge lessons that say the same thing, rewrite an unclear one, "
-    "discard one that is wrong or useless. Write at most {max_operations} lines\n"
+    "You keep a bank of short lessons for an agent that plays a text game. Rewrite the numbered lessons below "
+    "as a shorter list of stronger ones: merge lessons that say the same thing, rewrite an unclear one, leave "
+    "out one that is wrong or useless. Your reply is the new list, one line for each lesson in it:\n"
     "UPDATE <numbers, comma-separated>: <one lesson that replaces them>\n"
-    "DISCARD <numbers, comma-separated>\n"
-    "or NONE if they are fine as they are. Lessons you do not name stay as they are.")
+    "KEEP <numbers, comma-separated>   (those lessons stay as they are)\n"
+    "A lesson that no line names is deleted. Reply NONE to leave all of them as they are.")
 
 
 ASK_SYSTEM = ("You advise an agent that plays a text game. Answer its question in at most three sentences, "
@@ -736,9 +747,9 @@ class Generation:
 
 
 def render_episode(e: Episode, limit: int) -> str:
-    """Alternating environment/agent lines; a long episode keeps its beginning and end."""
+    """Alternating environment/agent lines; with a limit (not 0), a long episode keeps its beginning and end."""
     text = "\n".join(f"{who}: {line}" for who, line in e.transcript)
-    if len(text) > limit:
+    if limit and len(text) > limit:
         half = limit // 2
         text = text[:half] + "\n...\n" + text[-half:]
     return text
@@ -748,17 +759,24 @@ def shown_lessons(texts: list[str]) -> str:
     return "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts)) or "(none)"
 
 
+def extractor_view(e: Episode) -> list[tuple[int, str]]:
+    """The retrieved lessons the extractor is shown and may update, (entry id, text): all but those whose
+    judgement did not parse [release: the actor's prompt and the episode's record both lose such a lesson]."""
+    return [(i, text) for i, text, src in zip(e.retrieved, e.lessons, e.sources) if e.verdicts.get(src) != "unparsed"]
+
+
 def extractor_prompt(run, e: Episode) -> list[int]:
+    """[release] The outcome is SUCCESS for any score above 0: a WebShop purchase that matches in part too."""
     cfg = run.cfg
     system = (EXTRACTOR_SYSTEM.format(max_operations=cfg.max_operations)
               + ("\n" + EXTRACTOR_FORMAT if cfg.extractor_free_text else ""))
-    user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.success else 'FAILURE'}\n"
-            f"Lessons retrieved for the agent:\n{shown_lessons(e.lessons)}\n"
+    user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.reward > 0 else 'FAILURE'}\n"
+            f"Lessons retrieved for the agent:\n{shown_lessons([t for _, t in extractor_view(e)])}\n"
             f"Episode:\n{render_episode(e, cfg.episode_chars)}")
     return encode_chat(run.extractor_tok, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
 
-OP_RE = re.compile(r"^(ADD|UPDATE|DISCARD|NONE)\b\s*([0-9][0-9,\s]*)?:?\s*(.*)$", re.I)
+OP_RE = re.compile(r"^(ADD|UPDATE|KEEP|NONE)\b\s*([0-9][0-9,\s]*)?:?\s*(.*)$", re.I)
 
 
 ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
@@ -767,7 +785,7 @@ ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
 def parse_operations(reply: str, shown: int, max_ops: int = 3, merge: bool = False) -> tuple[list[tuple], int]:
     """Reply -> ([(kind, targets, text)], parse failures). Accepts `ADD: text`, `UPDATE 1,2: text` (targets
     are 1-based indices of the shown lessons) and `NONE`, inside <answer> when present; a merge takes
-    `DISCARD 1,2` instead of ADD. A line that is none of these, or names a lesson that was not shown, is a
+    `KEEP 1,2` instead of ADD. A line that is none of these, or names a lesson that was not shown, is a
     failure: counted, skipped, never fatal."""
     m = ANSWER_RE.search(reply.split("</think>")[-1])
     tagged = m is not None
@@ -785,8 +803,8 @@ def parse_operations(reply: str, shown: int, max_ops: int = 3, merge: bool = Fal
             ops.append(("none", (), ""))
         elif kind == "ADD" and body and not targets and not merge:
             ops.append(("add", (), body))
-        elif kind == "DISCARD" and merge and targets and not body and all(1 <= t <= shown for t in targets):
-            ops.append(("discard", tuple(sorted(set(targets))), ""))
+        elif kind == "KEEP" and merge and targets and not body and all(1 <= t <= shown for t in targets):
+            ops.append(("keep", tuple(sorted(set(targets))), ""))
         elif kind == "UPDATE" and body and targets and all(1 <= t <= shown for t in targets):
             ops.append(("update", tuple(sorted(set(targets))), body))
         else:
@@ -839,18 +857,19 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     if not eps:
         return []
     prompts = [extractor_prompt(run, e) for e in eps]
+    shown = [[i for i, _ in extractor_view(e)] for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
-                                 heads_for(run, [len(e.retrieved) for e in eps], [e.task for e in eps]), record)
+                                 heads_for(run, [len(ids) for ids in shown], [e.task for e in eps]), record)
     keys = run.manager.embed([e.query for e in eps])
     ops = []
-    for e, key, (gen_id, reply) in zip(eps, keys, outputs):
+    for e, key, ids_shown, (gen_id, reply) in zip(eps, keys, shown, outputs):
         if not run.cfg.extractor_free_text:
             reply = reply.replace("\n", " ")    # a tiny extractor writes one operation: head + free body
-        parsed, bad = parse_operations(reply, len(e.retrieved), run.cfg.max_operations)
+        parsed, bad = parse_operations(reply, len(ids_shown), run.cfg.max_operations)
         run.counters["parse_failures"] += bad
         run.counters["operations"] += len(parsed)
         for kind, targets, text in parsed:
-            ids = tuple(e.retrieved[t - 1] for t in targets)
+            ids = tuple(ids_shown[t - 1] for t in targets)
             ops.append(Operation(kind, e.task, text, ids, key, gen_id, step, origin=e.seed))
     return ops
 
@@ -972,71 +991,78 @@ def prune_generations(run):
 
 def merge_pass(run, step: int, rng) -> list[Operation]:
     """Consolidate each task's whole bank [release] (PAPER §Experience bank: merge): its entries, oldest first,
-    merge_size at a time, each extractor call shown what the previous call of the chain wrote and the next
-    chunk, free to merge, rewrite or discard them (MergeChain). A task's chain is sequential; the chains of
-    different tasks advance side by side, one batched call a round. Rank r walks the tasks r, r + W, ...; the
-    caller applies every rank's operations."""
-    cfg, bank = run.cfg, run.manager.bank
-    chains = [MergeChain(task, bank.entries(task), cfg.merge_size, cfg.merge_chunks)
+    merge_size at a time, each extractor call shown the next chunk and the list the previous call of the chain
+    wrote, its reply the new list for them (MergeChain). A task's chain is sequential; the chains of different
+    tasks advance side by side, one batched call a round. Rank r walks the tasks r, r + W, ...; the caller
+    applies every rank's operations."""
+    bank = run.manager.bank
+    chains = [MergeChain(task, bank.entries(task), run.cfg.merge_size, run.cfg.merge_chunks)
               for task in sorted(bank.tasks())[rank()::world()] if bank.size(task) >= 2]
-    system = MERGE_SYSTEM.format(max_operations=cfg.max_operations)
     while live := [c for c in chains if c.next_chunk()]:
         prompts = [encode_chat(run.extractor_tok, [
-            {"role": "system", "content": system},
+            {"role": "system", "content": MERGE_SYSTEM},
             {"role": "user", "content": f"Task: {c.task}\nLessons:\n{shown_lessons([t for t, _, _ in c.shown])}"}])
             for c in live]
         tasks = [c.task for c in live]
         outputs = extractor_generate(run, prompts, tasks, rng,
                                      heads_for(run, [len(c.shown) for c in live], tasks, merge=True))
         for c, (gen_id, reply) in zip(live, outputs):
-            parsed, bad = parse_operations(reply, len(c.shown), cfg.max_operations, merge=True)
+            # at most a line per lesson shown: a longer list only repeats itself
+            parsed, bad = parse_operations(reply, len(c.shown), len(c.shown), merge=True)
             run.counters["parse_failures"] += bad
             c.apply(parsed, gen_id)
-    ops = [op for c in chains for op in c.operations(step)]
-    run.counters["merges"] += sum(op.kind == "update" for op in ops)
-    run.counters["discards"] += sum(op.kind == "remove" for op in ops)
+    ops = [op for c in chains for op in c.operations(step, bank.mean_key)]
+    written = [op for op in ops if op.kind == "add"]   # merges: lessons written; discards: entries none stands for
+    stand_for = {i for op in written for i in op.ids}
+    run.counters["merges"] += len(written)
+    run.counters["discards"] += sum(i not in stand_for for op in ops if op.kind == "remove" for i in op.ids)
     return ops
 
 
 class MergeChain:
-    """One task's rolling merge. Each item shown is (text, the bank entries it stands for, the generation that
-    wrote it; None for an entry as the bank holds it). A call's UPDATE replaces the items it names by one new
-    item, DISCARD drops them, anything not named stays as it is; the new items are carried into the next
-    call. At the end each new item replaces, in the bank, every entry it stands for (keyed by the mean of
-    their keys) and each discard removes its entries, credited to the generation that wrote it."""
+    """One task's rolling merge [release]. Each item shown is (text, the bank entries it stands for, the generation
+    that wrote it; None for an entry as the bank holds it). A call's reply is the new list for the items shown:
+    each `UPDATE i,j: text` one new item standing for items i and j, each `KEEP i` item i as it is; an item no
+    line names is gone. The whole list is carried into the next call, after its chunk of entries. A reply with
+    no valid line (NONE, empty, unparsable) keeps what it was shown: its entries stay in the bank as they are,
+    what the chain carried to it is written as it is, and the next call starts afresh from its own chunk. At the
+    end every entry shown to a successful call is removed and each item of the lists left is written anew (new
+    id, counts reset), keyed by the mean of its entries' keys (a kept entry: its own key) and credited to the
+    generation whose list held it last."""
 
     def __init__(self, task: str, entries: list, size: int, max_chunks: int = 0):
         self.task, self.size, self.calls_left = task, size, max_chunks or math.inf
         self.pending = [(e.text, (e.id,), None) for e in entries]   # oldest first
-        self.carried, self.written, self.discarded, self.shown = [], [], [], []
+        self.carried, self.written, self.replaced, self.shown = [], [], [], []
 
     def next_chunk(self) -> bool:
-        """The next call's lessons (what the last call wrote, then the next entries), if any call is left."""
+        """The next call's items (the next entries, then what the last call wrote), if any call is left."""
         if not self.pending or self.calls_left <= 0:
             self.written += self.carried
             self.carried, self.shown = [], []
             return False
         self.calls_left -= 1
-        self.shown = self.carried + self.pending[:self.size]
+        self.shown = self.pending[:self.size] + self.carried
         self.pending, self.carried = self.pending[self.size:], []
         return True
 
     def apply(self, parsed: list[tuple], gen_id: int):
-        left = dict(enumerate(self.shown, 1))
+        if not parsed:   # [release] a failed or empty reply must not wipe what it was shown
+            self.written += [item for item in self.shown if item[2] is not None]
+            return
+        self.replaced += [i for _, ids, gen in self.shown if gen is None for i in ids]
         for kind, targets, text in parsed:
-            items = [left.pop(t) for t in targets if t in left]   # an item named twice counts once
-            if not items:
-                continue
-            ids = tuple(i for _, item_ids, _ in items for i in item_ids)
-            if kind == "update":
-                self.carried.append((text, ids, gen_id))
+            items = [self.shown[t - 1] for t in targets]
+            if kind == "keep":
+                self.carried += [(item_text, ids, gen_id) for item_text, ids, _ in items]
             else:
-                self.discarded.append((ids, gen_id))
-        self.written += [item for item in left.values() if item[2] is not None]   # written earlier, kept as it is
+                self.carried.append((text, tuple(i for _, ids, _ in items for i in ids), gen_id))
 
-    def operations(self, step: int) -> list[Operation]:
-        return ([Operation("update", self.task, text, ids, None, gen, step) for text, ids, gen in self.written]
-                + [Operation("remove", self.task, "", ids, None, gen, step) for ids, gen in self.discarded])
+    def operations(self, step: int, key_of) -> list[Operation]:
+        """The removal of every replaced entry, then each new lesson keyed by `key_of(its entries)`: the keys are
+        taken before anything is removed, so lessons that share an entry both keep it in their key."""
+        new = [Operation("add", self.task, text, ids, key_of(ids), gen, step) for text, ids, gen in self.written]
+        return [Operation("remove", self.task, "", tuple(self.replaced), step=step)] * bool(self.replaced) + new
 
 
 def apply_everywhere(run, ops: list[Operation]):

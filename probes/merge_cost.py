@@ -4,7 +4,7 @@ python -m probes.merge_cost RUN_DIR [--chunks N] [train.py flags: --actor smollm
 The release consolidates each task's whole bank every merge: one extractor call per --merge-size entries,
 in a chain (crl.merge_pass). This loads the last bank a run logged (RUN_DIR/bank.jsonl), builds the models
 as train.py does from the flags given, times one pass over that bank, and prints the calls, the seconds and
-what the pass did (merged, discarded).
+what the pass did (lessons written, entries dropped that no written lesson stands for).
 """
 import argparse
 import json
@@ -39,7 +39,7 @@ def main(argv=None):
     after = {task: run.manager.bank.size(task) for task in banks}
     print(f"merge pass over {before} entries ({args.extractor} extractor, merge_size {run.cfg.merge_size}, "
           f"merge_chunks {run.cfg.merge_chunks or 'all'}): about {calls} chained calls, {seconds:.1f} s; "
-          f"merged {run.counters['merges']}, discarded {run.counters['discards']}, parse failures "
+          f"wrote {run.counters['merges']} lessons, dropped {run.counters['discards']} entries, parse failures "
           f"{run.counters['parse_failures']}; after: {after}")
     run.manager.close()
 

@@ -88,15 +88,18 @@ class Cursor:
 @functools.lru_cache(maxsize=64)   # the lesson grammar's constraint is thousands of strings: build it once
 def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = (), none: bool = True) -> Constraint:
     """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
-    `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply."""
+    `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply. A merge's
+    reply is the new list of one lesson (crl.MergeChain): all shown merged into one (`UPDATE 1,...,n: `), or
+    one of them kept as it is (`KEEP i`, the rest dropped), or NONE (all left as they are)."""
     heads = [] if merge else ["ADD: "]
     if shown:
         heads.append("UPDATE " + ",".join(str(i + 1) for i in range(shown)) + ": ")
-    none = ["NONE"] if none or not heads else []
+    whole = [f"KEEP {i + 1}" for i in range(shown)] if merge else []   # whole replies: no lesson follows
+    whole += ["NONE"] if none or not heads else []
     if plans:   # each string and the end of the reply
-        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + none)
+        return Constraint.from_strings(tok, [h + p for h in heads for p in plans] + whole)
     completions = [tok.encode(h, add_special_tokens=False) for h in heads]
-    completions += [tok.encode(n, add_special_tokens=False) + [tok.eos_token_id] for n in none]
+    completions += [tok.encode(w, add_special_tokens=False) + [tok.eos_token_id] for w in whole]
     return Constraint(completions, free_after=True)
 
 

@@ -325,10 +325,28 @@ def test_judge_lessons_keeps_rewrites_and_drops(monkeypatch):
     assert [e.experience for e in eps] == [["lesson 0"], ["go north first"], [], [], []]
     assert [e.verdicts for e in eps] == [{40: "accept"}, {41: "refine"}, {42: "reject"}, {43: "unparsed"},
                                          {44: "unparsed"}]
-    assert [e.lessons for e in eps] == [[f"lesson {i}"] for i in range(5)]   # the extractor still sees the original
+    assert [e.lessons for e in eps] == [[f"lesson {i}"] for i in range(5)]   # as the bank holds them (extractor_view)
     assert run.counters == {"judge_accept": 1, "judge_refine": 1, "judge_reject": 1, "judge_unparsed": 2}
     assert seen[1] == crl.judge_prompt(run.actor_tok, eps[1].instruction, "view 1", "lesson 1")
     assert crl.parse_verdict("<answer>refine: x</answer>", refine=False) == ("unparsed", "")   # accept-reject only
+
+
+def test_the_extractor_reads_the_whole_episode_a_scored_outcome_and_no_unparsed_lesson(monkeypatch):
+    """[release] What distillation shows the extractor, at the defaults: the whole transcript (10,000
+    characters, not cut), `Outcome: SUCCESS` for WebShop's 0.6, and of two retrieved lessons only the one whose
+    verdict parsed (a rejected one still counts), so its `UPDATE 1` replaces that lesson's entry."""
+    run = make_run()
+    e = episode(False, [40, 41])
+    e.reward, e.query, e.lessons, e.retrieved = 0.6, "start", ["lesson A", "lesson B"], [7, 8]
+    e.verdicts = {40: "unparsed", 41: "reject"}
+    e.transcript = [("environment", "x" * 5000), ("agent", "y" * 5000)]
+    seen = []
+    monkeypatch.setattr(crl, "extractor_generate", lambda run_, prompts, *a, **k: seen.extend(
+        run_.extractor_tok.decode(p) for p in prompts) or [(50, "UPDATE 1: better B")])
+    ops = crl.distill(run, [e], 3, None)
+    assert [(op.kind, op.ids, op.text, op.source) for op in ops] == [("update", (8,), "better B", 50)]
+    assert "Outcome: SUCCESS" in seen[0] and "[1] lesson B" in seen[0] and "lesson A" not in seen[0]
+    assert seen[0].split("Episode:\n")[1].startswith(f"environment: {'x' * 5000}\nagent: {'y' * 5000}<|im_end|>")
 
 
 def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch):

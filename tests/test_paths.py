@@ -85,40 +85,94 @@ def test_distill_choice_alternates_successes_and_failures():
     assert [e.seed for e in crl.distill_choice([ep(0, False), ep(1, False)], 1)] == [0]
 
 
-def test_merge_pass_rolls_over_the_whole_bank(monkeypatch):
-    """The release's merge on a constructed bank of 7 entries, chunks of 3: call 1 sees entries 1-3, merges 1
-    and 2, rewrites nothing else; call 2 sees that merged lesson first (carried), then entries 4-6, merges the
-    carried lesson with 4 and discards 6; call 3 sees the carried lesson and entry 7 and answers NONE. The
-    operations: one update standing for entries 1, 2 and 4 (credited to call 2, which wrote it), one removal
-    of entry 6; entries 3, 5 and 7 stay as they were."""
+def merge_bank(n: int):
+    """A manager whose bank holds `lesson 1` .. `lesson n` for room (sources 0 .. n-1), and their ids."""
     emb = HashEmbedder()
     manager = ExperienceManager(ExperienceBank(emb.dim), emb, sync=True)
-    texts = [f"lesson {i}" for i in range(1, 8)]
+    texts = [f"lesson {i}" for i in range(1, n + 1)]
     ids = manager.apply([Operation("add", "room", t, key=emb([t])[0], source=i) for i, t in enumerate(texts)])
-    run = tiny_run(manager, merge_size=3, extractor_free_text=True)
-    replies = iter([(100, "UPDATE 1,2: one and two"), (101, "UPDATE 1,2: one, two and four\nDISCARD 4"),
-                    (102, "NONE")])
-    shown = []
+    return manager, ids, emb
+
+
+def scripted_merge(monkeypatch, run, replies: list[tuple[int, str]]) -> list[list[str]]:
+    """The extractor's merge replies, scripted; returns the lessons each call was shown, as its prompt lists them."""
+    replies, shown = iter(replies), []
 
     def scripted(run_, prompts, tasks, rng, heads=None, record=True):
-        shown.append(run_.extractor_tok.decode(prompts[0]))
+        text = run_.extractor_tok.decode(prompts[0])
+        shown.append(text.split("Lessons:\n")[1].split("<|im_end|>")[0].split("\n"))
         return [next(replies)]
 
     monkeypatch.setattr(crl, "extractor_generate", scripted)
+    return shown
+
+
+def test_a_merge_reply_is_the_new_list_and_the_whole_list_rolls_on(monkeypatch):
+    """[release] A reply is the full list for the lessons shown. 5 entries, chunks of 3. Call 1 (generation 100)
+    sees entries 1-3 and lists `UPDATE 1` (a rewrite of 1) and `KEEP 3`: lesson 2, named by no line, is gone.
+    Call 2 (101) sees entries 4 and 5, then both lessons call 1 listed; it lists 4 merged with call 1's
+    rewrite, and keeps lesson 3 again (its ADD line is no merge line: a parse failure, skipped): lesson 5 and
+    the rewrite on its own are gone. The pass removes all 5 entries and writes 2 lessons anew, both credited
+    to call 101, whose list held them last: the merge keyed by the mean of entries 4 and 1's keys, lesson 3 by
+    its own; new ids, uses, successes and showings reset, written at step 4, origin unknown."""
+    manager, ids, emb = merge_bank(5)
+    manager.record_use([ids[2]], True)
+    manager.bank.count_shown([ids[2]], 3)
+    run = tiny_run(manager, merge_size=3, extractor_free_text=True)
+    call_2 = "<answer>UPDATE 1,3: four and one\nKEEP 4\nADD: something new</answer>"
+    shown = scripted_merge(monkeypatch, run, [(100, "UPDATE 1: lesson one, clearer\nKEEP 3"), (101, call_2)])
     ops = crl.merge_pass(run, 4, None)
-    lessons = lambda text: text.split("Lessons:\n")[1].split("<|im_end|>")[0].split("\n")   # noqa: E731
-    assert [lessons(t)[:4] for t in shown] == [
-        ["[1] lesson 1", "[2] lesson 2", "[3] lesson 3"],
-        ["[1] one and two", "[2] lesson 4", "[3] lesson 5", "[4] lesson 6"],
-        ["[1] one, two and four", "[2] lesson 7"]]
+    assert shown == [["[1] lesson 1", "[2] lesson 2", "[3] lesson 3"],
+                     ["[1] lesson 4", "[2] lesson 5", "[3] lesson one, clearer", "[4] lesson 3"]]
     assert [(op.kind, op.text, op.ids, op.source, op.step) for op in ops] == [
-        ("update", "one, two and four", (ids[0], ids[1], ids[3]), 101, 4), ("remove", "", (ids[5],), 101, 4)]
-    assert (run.counters["merges"], run.counters["discards"]) == (1, 1)
-    key = emb(["lesson 1", "lesson 2", "lesson 4"]).mean(0)
+        ("remove", "", tuple(ids), -1, 4), ("add", "four and one", (ids[3], ids[0]), 101, 4),
+        ("add", "lesson 3", (ids[2],), 101, 4)]
+    assert (run.counters["merges"], run.counters["discards"], run.counters["parse_failures"]) == (2, 2, 1)
     crl.apply_everywhere(run, ops)
-    assert [e.text for e in manager.bank.entries("room")] == ["lesson 3", "lesson 5", "lesson 7", "one, two and four"]
-    merged = manager.bank.entries("room")[-1]
-    assert merged.source == 101 and torch.allclose(manager.bank.key(merged.id), key / key.norm(), atol=1e-6)
+    entries = manager.bank.entries("room")
+    assert [(e.text, e.source, e.uses, e.successes, e.shown, e.created, e.origin) for e in entries] == [
+        ("four and one", 101, 0, 0, 0, 4, -1), ("lesson 3", 101, 0, 0, 0, 4, -1)]
+    assert min(e.id for e in entries) > max(ids)
+    merged = emb(["lesson 4", "lesson 1"]).mean(0)
+    assert torch.allclose(manager.bank.key(entries[0].id), merged / merged.norm(), atol=1e-6)
+    assert torch.allclose(manager.bank.key(entries[1].id), emb(["lesson 3"])[0], atol=1e-6)
+
+
+def test_a_failed_merge_reply_keeps_its_chunk_and_the_chain_starts_afresh(monkeypatch):
+    """[release] 7 entries, chunks of 3. Call 1 (100) merges entries 1-3 into one lesson. Call 2 (101) sees
+    entries 4-6 and that lesson, and answers nothing parseable: entries 4-6 stay as the bank holds them (ids,
+    counts) and call 1's lesson is written as call 1 left it; call 3 sees entry 7 alone, nothing carried, and
+    answers NONE: entry 7 stays. Only entries 1-3 go."""
+    manager, ids, emb = merge_bank(7)
+    manager.record_use([ids[4]], True)
+    run = tiny_run(manager, merge_size=3, extractor_free_text=True)
+    shown = scripted_merge(monkeypatch, run, [(100, "UPDATE 1,2,3: one to three"), (101, "I cannot say"),
+                                              (102, "NONE")])
+    ops = crl.merge_pass(run, 4, None)
+    assert shown == [["[1] lesson 1", "[2] lesson 2", "[3] lesson 3"],
+                     ["[1] lesson 4", "[2] lesson 5", "[3] lesson 6", "[4] one to three"], ["[1] lesson 7"]]
+    assert [(op.kind, op.text, op.ids, op.source) for op in ops] == [
+        ("remove", "", tuple(ids[:3]), -1), ("add", "one to three", tuple(ids[:3]), 100)]
+    assert (run.counters["merges"], run.counters["discards"], run.counters["parse_failures"]) == (1, 0, 1)
+    crl.apply_everywhere(run, ops)
+    assert [(e.id, e.text, e.source, e.uses) for e in manager.bank.entries("room")] == [
+        (ids[3], "lesson 4", 3, 0), (ids[4], "lesson 5", 4, 1), (ids[5], "lesson 6", 5, 0), (ids[6], "lesson 7", 6, 0),
+        (ids[6] + 1, "one to three", 100, 0)]
+    key = emb(["lesson 1", "lesson 2", "lesson 3"]).mean(0)
+    assert torch.allclose(manager.bank.key(ids[6] + 1), key / key.norm(), atol=1e-6)
+
+
+def test_a_constrained_merge_lists_one_lesson_or_none():
+    """A small extractor's merge heads (small/grammar.py) under the lesson grammar: every whole reply it can
+    write is a list crl.MergeChain reads: all shown merged into one plan, one shown lesson kept, or NONE."""
+    from small.grammar import operation_heads
+    tok = load_tokenizer("tiny")
+    heads = operation_heads(tok, 3, merge=True, plans=("east", "west"))
+    replies = {tok.decode(c, skip_special_tokens=True) for c in heads.completions}
+    assert replies == {"UPDATE 1,2,3: east", "UPDATE 1,2,3: west", "KEEP 1", "KEEP 2", "KEEP 3", "NONE"}
+    lists = {r: crl.parse_operations(r, 3, 3, merge=True) for r in replies}
+    assert lists["KEEP 2"] == ([("keep", (2,), "")], 0) and lists["NONE"] == ([], 0)
+    assert lists["UPDATE 1,2,3: west"] == ([("update", (1, 2, 3), "west")], 0)
 
 
 def test_merge_chunks_bounds_a_pass(monkeypatch):
