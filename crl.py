@@ -1281,5 +1281,6 @@ def episode_metrics(run, eps: list[Episode]) -> dict:
         **same_instance(eps, "retrieval"),
         **lesson_age(eps, run.step),
         "bank_size": len(run.manager.bank) if run.manager is not None else 0,
+        "generations": all_reduce_sum(len(run.generations)),   # kept for credit: alive while their lesson is
         **{f"time/{k}": v for k, v in run.timer.items()},
     }

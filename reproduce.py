@@ -260,7 +260,8 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
 
 # flags that say where a cell is and how its work is batched, not what it learns from: a cell trained with
 # another --eval-batch (a preset lowered it for memory) still belongs in the grid
-NOT_COMPARED = ("out", "resume", "micro_batch", "env_workers", "eval_batch")
+NOT_COMPARED = ("out", "resume", "micro_batch", "env_workers", "eval_batch", "dtype_auto")
+RESOLVED = {"dtype": (None, "auto")}   # asked so, the cell's own choice stands (made when it began; --resume keeps it)
 
 
 def check_same_flags(out: str, argv: list[str]):
@@ -271,7 +272,8 @@ def check_same_flags(out: str, argv: list[str]):
         return
     import train   # only here: the table needs no torch
     saved, want = json.load(open(path)), vars(train.parse_args(argv))
-    diff = [k for k in sorted(want) if k not in NOT_COMPARED and k in saved and saved[k] != want[k]]
+    diff = [k for k in sorted(want) if k not in NOT_COMPARED and k in saved and saved[k] != want[k]
+            and want[k] not in RESOLVED.get(k, ())]
     if diff:
         told = ", ".join(f"{k}: {saved[k]} here, {want[k]} asked" for k in diff)
         sys.exit(f"error: {out} was trained with other flags ({told}); give the same flags, or another --results")
