@@ -135,13 +135,14 @@ def test_each_update_recomputes_under_the_distribution_its_model_sampled_from(tm
 @pytest.mark.parametrize("mode", ["crl", "static", "exp-only"])
 def test_each_mode_trains_what_it_should(tmp_path, mode):
     """crl steps both models; static never changes the extractor; exp-only never changes the actor. Where the
-    actor trains, every iteration trains sequences and the first update is on-policy (ratio 1)."""
+    actor trains, every iteration runs its update (an iteration whose subgroups all tie trains no sequence: no
+    advantage), the first trains sequences, and it is on-policy (ratio 1)."""
     run = train.main([*STEPPING, "--mode", mode, "--iters", "3", "--out", str(tmp_path / mode)])
     rows = read_metrics(str(tmp_path / mode))
     assert moved(run.actor, 0) == (mode != "exp-only")
     assert moved(run.extractor, 1) == (mode != "static")
     if mode != "exp-only":
-        assert all(r["actor/trained_seqs"] > 0 for r in rows)
+        assert all("actor/trained_seqs" in r for r in rows) and rows[0]["actor/trained_seqs"] > 0
         assert rows[0]["actor/ratio"] == pytest.approx(1.0, abs=1e-3)
     else:
         assert not any("actor/loss" in r for r in rows)
