@@ -621,9 +621,9 @@ def test_a_token_budget_leaves_the_update_unchanged():
 
 def fake_probe(monkeypatch, fp32=None, bf16=None):
     """train.matmul_seconds answering these seconds for fp32 and bf16; with none given, a probe fails the test."""
-    def seconds(dtype, **kw):
+    def seconds(dtypes, **kw):
         assert fp32 is not None, "the matmul probe ran"
-        return {torch.float32: fp32, torch.bfloat16: bf16}[dtype]
+        return [{torch.float32: fp32, torch.bfloat16: bf16}[d] for d in dtypes]
     monkeypatch.setattr(train, "matmul_seconds", seconds)
 
 
