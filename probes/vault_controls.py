@@ -72,8 +72,8 @@ def scripted_episode(seed: int, won: bool, shown: str | None = None, rng=None) -
     env, e = envs.make("vault"), crl.Episode("vault", seed, 0, True)
     obs = env.reset(seed=seed)
     e.instruction, e.query = env.instruction, crl.retrieval_query(env, obs)
-    if shown is not None:
-        e.lessons, e.retrieved = [shown], [0]
+    if shown is not None:   # as crl.retrieve records a lesson: its text, entry id and source generation
+        e.lessons, e.retrieved, e.sources = [shown], [0], [-1]
     e.transcript.append(("environment", obs))
     order = rng.permutation(len(env.actions)) if rng is not None else range(len(env.actions))
     wrong = [env.actions[i] for i in order if env.actions[i] != env.secret]

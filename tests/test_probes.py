@@ -157,6 +157,8 @@ def test_cispo_probe_credits_each_lesson_by_its_vaults_door():
            Operation("add", "vault", wrong, source=11, origin=seeds[1])]
     assert cispo_vault.follow(run, ops, secrets, 1.0, 0.0, 3, np.random.default_rng(0)) == 0.5
     assert run.generations[10].credits == [1.0] * 3 and run.generations[11].credits == [-1.0] * 3
+    e = vault_controls.scripted_episode(seeds[1], True, wrong, np.random.default_rng(0))   # the extractor sees it
+    assert f"[1] {wrong}\n" in run.extractor_tok.decode(crl.extractor_prompt(run, e))
     run.manager.close()
 
 
