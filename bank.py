@@ -374,13 +374,18 @@ class ExperienceBank:
         evicted or replaced meanwhile are skipped (stats["stale_uses"])."""
         ids = [ids] if isinstance(ids, (int, np.integer)) else list(ids)
         with self.lock:
-            for i in ids:
-                e = self._entries.get(int(i))
-                if e is None:
-                    self.stats["stale_uses"] += 1
-                    continue
+            for e in self._found(ids):
                 e.uses += 1
                 e.successes += int(bool(success))
+
+    def _found(self, ids):
+        """The entries of `ids` still in the bank; each one gone meanwhile counts in stats["stale_uses"]."""
+        for i in ids:
+            e = self._entries.get(int(i))
+            if e is None:
+                self.stats["stale_uses"] += 1
+            else:
+                yield e
 
     # ---- search -------------------------------------------------------------------------------------------
     def search(self, task, query_keys, k: int, update: bool = True, now: int = 0,
@@ -459,11 +464,7 @@ class ExperienceBank:
         """Count entries as shown at iteration `now` by searches that read without counting (update=False):
         crl's asks, counted after the rollout. Entries gone meanwhile are skipped (stats["stale_uses"])."""
         with self.lock:
-            for i in ids:
-                e = self._entries.get(int(i))
-                if e is None:
-                    self.stats["stale_uses"] += 1
-                    continue
+            for e in self._found(ids):
                 part = self._parts[e.task]
                 self._show(part, part.row_of[e.id], int(now))
 
