@@ -3,7 +3,7 @@ an experience extractor trained with CISPO on the measured utility of the lesson
 
 Read top to bottom, as the paper goes: the settings and the run state, the actor's prompts and `rollout`, the
 actor's objective (split advantages, GRPO, `actor_update`), the extractor (distillation, credit, CISPO,
-`extractor_update`, the merge), one iteration (`train_step`) and `evaluate`; the metrics sit at the bottom.
+`extractor_update`, the merge), one iteration (`train_step`) and `evaluate`; metrics.py computes the metrics.
 model.py supplies the decoder and the batched KV-cache generator, hf.py the tokenizers and the chat template,
 envs.py the games and their pool, bank.py the shared experience bank, parallel.py the micro-batched policy
 update, random streams and collectives, small/ what only the small models need (constrained replies, the
@@ -74,6 +74,7 @@ from model import Sampling, Session, generate
 from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
                       world)
 from small.grammar import Constraint, heads_for
+from metrics import episode_metrics, retrieval_metrics, same_instance, searches, success_metrics
 
 
 MODES = ("crl", "grpo", "static", "exp-only")
@@ -1169,8 +1170,8 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
             run.manager.bank = bank.copy()
         for a in range(1, attempts + 1):
             eps = play_held_out(run, specs, EVAL_STEP + a)
-            metrics = {**success_metrics(eps, "attempts"), **same_instance(eps, "attempts"),
-                       **previous_attempt(eps, a, "attempts")}
+            metrics = {**success_metrics(eps, "attempts"),
+                       **same_instance(eps, "attempts", EVAL_STEP + a - 1 if a > 1 else None)}
             out.update({f"{k}_{a}": v for k, v in metrics.items()})
             if bank is not None and a < attempts:
                 rng = seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
@@ -1207,80 +1208,3 @@ def play_held_out(run, specs: list[tuple], noise_step: int) -> list[Episode]:
             eps += rollout(run, specs[i:i + n], rng, run.cfg.temperature, train=False)
     run.timer = timer
     return eps
-
-
-# =========================================================================================================
-# Metrics, kept out of the reader's way (the update's micro-batches and collectives: parallel.py)
-# =========================================================================================================
-
-def success_metrics(eps: list[Episode], prefix: str) -> dict:
-    """Success rate and mean reward (WebShop's is fractional) with and without experience per task, summed
-    over ranks."""
-    counts = {}
-    for e in eps:
-        key = f"{prefix}/{e.task}/{{}}_{'exp' if e.with_exp else 'noexp'}"
-        n, s, r = counts.get(key, (0, 0, 0.0))
-        counts[key] = (n + 1, s + int(e.success), r + e.reward)
-    total = {}
-    for rank_counts in gather_objects(counts):
-        for k, (n, s, r) in rank_counts.items():
-            tn, ts, tr = total.get(k, (0, 0, 0.0))
-            total[k] = (tn + n, ts + s, tr + r)
-    return {k.format(name): v / n for k, (n, s, r) in sorted(total.items())
-            for name, v in (("success", s), ("reward", r))}
-
-
-def searches(run) -> tuple[int, int]:
-    """The bank's running counts of training searches and of picks off the cosine top 1."""
-    stats = run.manager.bank.stats if run.manager is not None else {}
-    return stats.get("searches", 0), stats.get("off_top1", 0)
-
-
-def retrieval_metrics(run, before: tuple[int, int]) -> dict:
-    """The share of this iteration's retrievals whose pick is not the cosine top 1: how much the re-rank
-    decides. Every rank ran every search, so the bank's counts are already global."""
-    n, off = (now - then for now, then in zip(searches(run), before))
-    return {"retrieval/off_top1": off / n} if n else {}
-
-
-def same_instance(eps: list[Episode], prefix: str) -> dict:
-    """The retrieval's precision where instances recur: the share of episodes given a lesson whose top lesson
-    was distilled from this same instance (over every rank)."""
-    given = all_reduce_sum(sum(bool(e.origins) for e in eps))
-    same = all_reduce_sum(sum(bool(e.origins) and e.origins[0] == e.seed for e in eps))
-    return {f"{prefix}/same_instance": same / given} if given else {}
-
-
-def lesson_age(eps: list[Episode], now: int) -> dict:
-    """How old the lessons the actor read are: the mean, over episodes given one, of the iterations since its
-    top lesson was written (over every rank). Small when retrieval serves what the extractor writes now."""
-    ages = [now - e.written[0] for e in eps if e.written]
-    n, total = all_reduce_sum(len(ages)), all_reduce_sum(sum(ages))
-    return {"retrieval/age": total / n} if n else {}
-
-
-def previous_attempt(eps: list[Episode], attempt: int, prefix: str) -> dict:
-    """At attempt a >= 2 of evaluate_attempts: the share of episodes given a lesson whose top lesson was
-    distilled from this same instance after the attempt before (written at EVAL_STEP + a - 1)."""
-    given = all_reduce_sum(sum(bool(e.written) for e in eps))
-    fresh = all_reduce_sum(sum(bool(e.written) and e.origins[0] == e.seed and e.written[0] == EVAL_STEP + attempt - 1
-                               for e in eps))
-    return {f"{prefix}/previous_attempt": fresh / given} if given and attempt > 1 else {}
-
-
-def episode_metrics(run, eps: list[Episode]) -> dict:
-    """Means and counts over every rank's episodes, this iteration's counters, bank size and timings."""
-    n = all_reduce_sum(len(eps))
-    return {
-        "reward": all_reduce_sum(sum(e.reward for e in eps)) / n,
-        "turns": all_reduce_sum(sum(e.turns for e in eps)) / n,
-        "invalid_actions": all_reduce_sum(sum(e.invalid for e in eps)),
-        "truncated": all_reduce_sum(sum(e.truncated for e in eps)),
-        "asks": all_reduce_sum(sum(e.asks for e in eps)),
-        **{k: all_reduce_sum(v) for k, v in run.counters.items()},
-        **same_instance(eps, "retrieval"),
-        **lesson_age(eps, run.step),
-        "bank_size": len(run.manager.bank) if run.manager is not None else 0,
-        "generations": all_reduce_sum(len(run.generations)),   # kept for credit: alive while their lesson is
-        **{f"time/{k}": v for k, v in run.timer.items()},
-    }

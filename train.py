@@ -44,12 +44,6 @@ from small.tiny import tiny_model
 from small.presets import PRESETS, teach_lessons
 
 
-# --dtype auto on a CPU picks bf16 only where its matmul beats fp32's by this factor: where bf16 is native
-# (AVX-512 BF16, AMX) it is ~10x faster; where torch emulates it (AVX2) 20x slower or worse. A near tie goes to
-# fp32, which keeps the precision and skips autocast's casts.
-BF16_SPEEDUP = 1.25
-
-
 @dataclass
 class RunConfig:
     """What to train and where: the run's settings that are not the algorithm's (those are crl.CRLConfig)."""
@@ -69,9 +63,9 @@ class RunConfig:
     seed: int = setting(0, "seed of the models' init, the task instances and the sampling")
     device: str | None = setting(None, "cpu, cuda or cuda:N (default none: cuda when available)")
     dtype: str | None = setting("auto", "compute dtype of forward, backward and rollouts; auto: bfloat16 on cuda, and "
-                                        f"on a cpu whose bf16 matmul measures at start-up at least {BF16_SPEEDUP}x as "
-                                        "fast as fp32 (AVX-512 BF16, AMX, Arm BF16), else float32; none: bfloat16 on "
-                                        "cuda, float32 on cpu; --resume keeps the run's",
+                                        "on a cpu whose bf16 matmul measures at start-up at least "
+                                        f"{parallel.BF16_SPEEDUP}x as fast as fp32 (AVX-512 BF16, AMX, Arm BF16), else "
+                                        "float32; none: bfloat16 on cuda, float32 on cpu; --resume keeps the run's",
                                 choices=("auto", "float32", "bfloat16"))
     master_dtype: str = setting("float32", "dtype of the trained weights and AdamW state; bfloat16 halves their "
                                            "memory, but AdamW steps below half a bf16 ulp vanish (at lr 1e-6 most do)",
@@ -254,31 +248,6 @@ def setup_distributed(args) -> torch.device:
     return torch.device("cpu")
 
 
-def matmul_seconds(dtypes: tuple, n: int = 512, reps: int = 5) -> list[float]:
-    """Seconds of an n x n matmul on the CPU in each of `dtypes`: the best of `reps`, taken in turns after an
-    untimed one each (oneDNN builds its kernel on the first call), so a burst of other work on the cores slows
-    both alike; the best, since another process only ever adds time."""
-    pairs = [(torch.randn(n, n).to(d), torch.randn(n, n).to(d)) for d in dtypes]
-    best = [math.inf] * len(dtypes)
-    for rep in range(reps + 1):
-        for i, (a, b) in enumerate(pairs):
-            t = time.perf_counter()
-            a @ b
-            best[i] = min(best[i], time.perf_counter() - t) if rep else best[i]
-    return best
-
-
-def choose_dtype(device) -> tuple[str, str]:
-    """--dtype auto: (the dtype, why). bf16 on CUDA; on a CPU measured, not read from its name: bf16 where its
-    matmul is BF16_SPEEDUP times as fast as fp32's, else fp32 (about a second where bf16 is emulated)."""
-    if device.type == "cuda":
-        return "bfloat16", "cuda"
-    fp32, bf16 = matmul_seconds((torch.float32, torch.bfloat16))
-    choice = "bfloat16" if bf16 * BF16_SPEEDUP <= fp32 else "float32"
-    return choice, (f"{torch.backends.cpu.get_cpu_capability()} cpu, 512x512 matmul: bf16 {bf16 * 1e3:.2f} ms, "
-                    f"fp32 {fp32 * 1e3:.2f} ms; bf16 when >= {BF16_SPEEDUP}x as fast")
-
-
 def model_dtype(args, device) -> torch.dtype:
     """The compute dtype. --dtype auto is resolved here (rank 0's choice on every rank: the ranks must agree)
     and written back into args, so OUT/args.json says what the run computes in and --resume keeps it; a resumed
@@ -288,7 +257,7 @@ def model_dtype(args, device) -> torch.dtype:
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.dtype_auto:
         auto, why = (("bfloat16", "bf16 weights: --master-dtype") if args.master_dtype == "bfloat16" else   # as check
-                     parallel.gather_objects(choose_dtype(device) if crl.rank() == 0 else None)[0])
+                     parallel.gather_objects(parallel.choose_dtype(device) if crl.rank() == 0 else None)[0])
         if args.dtype == "auto":
             args.dtype = auto
             if crl.rank() == 0:

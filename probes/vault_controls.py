@@ -16,6 +16,7 @@ import argparse
 
 import crl
 import envs
+import metrics
 import train
 from bank import ExperienceBank, Operation
 
@@ -55,7 +56,7 @@ def main(argv=None):
         exp = [e for e in eps if e.with_exp]
         first = [next((text for who, text in e.transcript if who == "agent"), "").strip() for e in exp]
         follow = sum(f == told[e.seed - crl.EVAL_SEED0] for f, e in zip(first, exp)) / len(exp)
-        m = {**crl.success_metrics(eps, "eval"), **crl.same_instance(eps, "retrieval")}
+        m = {**metrics.success_metrics(eps, "eval"), **metrics.same_instance(eps, "retrieval")}
         right = sum(told[j] == secrets[j] for j in range(mine.instances)) / mine.instances
         print(f"{mine.run or args.actor}, {name} bank ({right:.3f} of its lessons name the right door), "
               f"{mine.instances} held-out vaults: success with the lesson {m['eval/vault/success_exp']:.3f}, without "

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import crl
+import metrics
 import parallel
 from bank import ExperienceBank, ExperienceManager, Operation
 from model import load_tokenizer
@@ -318,7 +319,7 @@ def test_training_retrieval_serves_the_newest_lesson_and_logs_its_age():
         eps = [crl.Episode("room", 7, 0, True, query="the vault") for _ in range(2)]
         crl.retrieve(run, eps)
         assert [e.lessons for e in eps] == [[text]] * 2 and [e.written for e in eps] == [[int(text[-1])]] * 2
-        assert crl.episode_metrics(run, eps)["retrieval/age"] == age
+        assert metrics.episode_metrics(run, eps)["retrieval/age"] == age
 
 
 def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):

@@ -617,14 +617,14 @@ def test_a_token_budget_leaves_the_update_unchanged():
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-# --dtype auto: bf16 where the CPU computes it natively, measured by train.choose_dtype's matmul probe
+# --dtype auto: bf16 where the CPU computes it natively, measured by parallel.choose_dtype's matmul probe
 
 def fake_probe(monkeypatch, fp32=None, bf16=None):
-    """train.matmul_seconds answering these seconds for fp32 and bf16; with none given, a probe fails the test."""
+    """parallel.matmul_seconds answering these seconds for fp32 and bf16; with none given, a probe fails the test."""
     def seconds(dtypes, **kw):
         assert fp32 is not None, "the matmul probe ran"
         return [{torch.float32: fp32, torch.bfloat16: bf16}[d] for d in dtypes]
-    monkeypatch.setattr(train, "matmul_seconds", seconds)
+    monkeypatch.setattr(parallel, "matmul_seconds", seconds)
 
 
 @pytest.mark.parametrize("bf16, chosen", [(0.1, "bfloat16"), (0.75, "bfloat16"), (0.9, "float32"), (6.0, "float32")])
@@ -674,5 +674,5 @@ def test_auto_dtype_is_stated_recorded_and_kept_on_resume(tmp_path, monkeypatch,
 
 def test_the_real_probe_is_quick_and_chooses_a_dtype():
     start = time.perf_counter()
-    dtype, why = train.choose_dtype(torch.device("cpu"))
+    dtype, why = parallel.choose_dtype(torch.device("cpu"))
     assert dtype in ("float32", "bfloat16") and "ms" in why and time.perf_counter() - start < 2
