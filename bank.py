@@ -53,6 +53,10 @@ class BankConfig:
                                                              "run replays)", "min": 0})
     dropout: float = field(default=0.5, metadata={"help": "probability that a just-shown top 1 moves to the end of "
                                                           "the candidates [release]", "min": 0, "max": 1})
+    min_cosine: float = field(default=-1.0, metadata={"help": "a lesson less similar than this to the query is never "
+                                                               "served (-1: any [release]; near 1: only lessons of the "
+                                                               "very same first view, as a control)",
+                                                      "min": -1, "max": 1})
     search_batch: int = field(default=32, metadata={"help": "queries that read one snapshot of the usage counts: a "
                                                             "training search counts what each batch of a call showed "
                                                             "before the next batch reads them [release: up to 32 "
@@ -94,7 +98,7 @@ class Operation:
 # the bank
 
 VERSION = 3              # of the saved layout: 3 = the rank-scale re-rank (counts shown, iterations last shown)
-RERANK = ("use_penalty", "recency_penalty", "recency_window", "dropout", "search_batch")   # its saved settings
+RERANK = ("use_penalty", "recency_penalty", "recency_window", "dropout", "search_batch", "min_cosine")   # saved
 _NEVER = -(1 << 60)      # "last shown" of an entry no training search has returned
 
 
@@ -174,7 +178,7 @@ class ExperienceBank:
     def __init__(self, dim: int, capacity: int = BankConfig.capacity, candidates: int = BankConfig.candidates,
                  use_penalty: float = BankConfig.use_penalty, recency_penalty: float = BankConfig.recency_penalty,
                  recency_window: int = BankConfig.recency_window, dropout: float = BankConfig.dropout,
-                 search_batch: int = BankConfig.search_batch):
+                 search_batch: int = BankConfig.search_batch, min_cosine: float = BankConfig.min_cosine):
         if int(dim) <= 0 or int(capacity) <= 0 or int(candidates) <= 0:
             raise ValueError(f"ExperienceBank needs dim, capacity, candidates > 0 "
                              f"(got {dim}, {capacity}, {candidates})")
@@ -184,6 +188,7 @@ class ExperienceBank:
         self.dim, self.capacity, self.candidates = int(dim), int(capacity), int(candidates)
         self.use_penalty, self.recency_penalty = float(use_penalty), float(recency_penalty)
         self.recency_window, self.dropout, self.search_batch = int(recency_window), float(dropout), int(search_batch)
+        self.min_cosine = float(min_cosine)
         self.lock = threading.Lock()
         self._entries: dict[int, Entry] = {}
         self._parts: dict[str, _Partition] = {}
@@ -414,7 +419,9 @@ class ExperienceBank:
             c = min(part.n, max(self.candidates, int(k)))
             for s in range(0, len(q), self.search_batch):   # a batch reads the counts the batches before it left
                 cos, rows = self._candidates(part, q[s:s + self.search_batch], c)
-                picked = self._rerank(part, rows, min(int(k), part.n), int(now), rng)
+                near = cos >= self.min_cosine - 1e-6     # sorted by cosine: a prefix of each row
+                picked = self._rerank(part, rows, min(int(k), part.n), int(now), rng, near.sum(1))
+                picked = [sel[near[i, sel]] for i, sel in enumerate(picked)]
                 if update:
                     self._count_shown(part, cos, rows, picked, int(now))
                 out += [[(self._entries[int(part.ids[rows[i, j]])], float(cos[i, j])) for j in sel]
@@ -434,23 +441,26 @@ class ExperienceBank:
         rows = torch.topk(order, c, dim=1).indices
         return cos.gather(1, rows).numpy(), rows.numpy()
 
-    def _rerank(self, part, rows, k, now, rng):
-        """Column indices into the candidate lists, k per query, best score first (ties keep cosine order)."""
+    def _rerank(self, part, rows, k, now, rng, near):
+        """Column indices into the candidate lists, k per query, best score first (ties keep cosine order).
+        `near`: how many of each row's candidates are near enough to serve; the others stay behind them."""
         c = rows.shape[1]
         recent = part.last_shown[rows] >= now - self.recency_window
         score = -np.arange(c) - self.use_penalty * np.log1p(part.shown[rows]) - self.recency_penalty * recent
+        score[np.arange(c)[None] >= near[:, None]] = -np.inf
         order = np.argsort(-score, axis=1, kind="stable")
         if rng is not None and self.dropout:
             drop = rng.random(len(order)) < self.dropout
             for i in np.flatnonzero(drop & recent[np.arange(len(order)), order[:, 0]]):
-                order[i] = np.roll(order[i], -1)   # the just-shown top 1 goes last
+                order[i, :near[i]] = np.roll(order[i, :near[i]], -1)   # the just-shown top 1 goes last
         return order[:, :k]
 
     def _count_shown(self, part, cos, rows, picked, now):
         """A training search's picks are shown: count them and stamp the iteration; and count the picks
         whose cosine is below the best candidate's (the re-rank's share of the choice, a run's metric)."""
-        self.stats["searches"] += len(picked)
-        self.stats["off_top1"] += int((cos[np.arange(len(picked)), picked[:, 0]] < cos[:, 0] - 1e-6).sum())
+        self.stats["searches"] += int(sum(len(sel) > 0 for sel in picked))
+        self.stats["off_top1"] += int(sum(len(sel) > 0 and cos[i, sel[0]] < cos[i, 0] - 1e-6
+                                          for i, sel in enumerate(picked)))
         for i, sel in enumerate(picked):
             for r in rows[i, sel]:
                 self._show(part, r, now)

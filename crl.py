@@ -74,7 +74,7 @@ from model import Sampling, Session, generate
 from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
                       world)
 from small.grammar import Constraint, heads_for
-from metrics import episode_metrics, retrieval_metrics, same_instance, searches, success_metrics
+from metrics import episode_metrics, retrieval_metrics, same_instance, searches, success_metrics, vault_lessons
 
 
 MODES = ("crl", "grpo", "static", "exp-only")
@@ -203,21 +203,31 @@ class CRLConfig:
                                        "probes/lesson_follow.py)")
     lesson_moves: int = setting(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
                                    "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
-    extractor_none: bool = setting(True, "a constrained extractor may answer NONE when distilling; "
-                                         "--no-extractor-none: it must add or update (a NONE is never credited, so "
-                                         "CISPO never pushes it down and an extractor whose lessons mostly fail "
-                                         "drifts into it)")
+    extractor_none: str = setting("always", "when a constrained extractor may answer NONE as it distils an episode: "
+                                            "always, never (it must add or update: a NONE is never credited, so "
+                                            "CISPO never pushes it down and an extractor whose lessons mostly fail "
+                                            "drifts into it), or failure (only after a failed episode: a won one "
+                                            "must yield a lesson, a lost one may yield none)",
+                                  choices=("always", "never", "failure"))
     # probes (results/probes.md): off by default, none has shown a gain
     recent_moves: int = setting(0, "each observation ends with the actor's last N actions, a compact memory a "
                                    "memoryless (--history 0) tiny actor can read (0: none)", min=0)
     train_instances: int = setting(0, "a finite training pool: instance seeds drawn from N fixed ones, as the "
                                       "paper's finite train sets (0: a fresh seed every group); evaluation stays "
                                       "on held-out seeds", min=0)
+    instance_visits: int = setting(0, "fresh task instances, each played by its group in N consecutive iterations "
+                                      "and then retired, the groups staggered: an instance recurs (its lessons can "
+                                      "be read back) but never long enough to be learned into the actor's weights "
+                                      "(0: off)", min=0)
     query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
                                      "map even when the actor's view has none: it tells apart starts that look the "
                                      "same in words")
 
     def __post_init__(self):
+        if isinstance(self.extractor_none, bool):   # runs written before it took a third value
+            self.extractor_none = "always" if self.extractor_none else "never"
+        if self.instance_visits and self.train_instances:
+            raise ValueError("--instance-visits draws fresh instances; it cannot be combined with --train-instances")
         self.max_steps, self.history = (None if v is None else str(v) for v in (self.max_steps, self.history))
         # parsed once (a bad value fails here, not mid-run); window() is read every turn of every episode
         self._steps, self._windows = per_task(self.max_steps, 1), per_task(self.history, 0)
@@ -860,7 +870,8 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     prompts = [extractor_prompt(run, e) for e in eps]
     shown = [[i for i, _ in extractor_view(e)] for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
-                                 heads_for(run, [len(ids) for ids in shown], [e.task for e in eps]), record)
+                                 heads_for(run, [len(ids) for ids in shown], [e.task for e in eps],
+                                           won=[e.success for e in eps]), record)
     keys = run.manager.embed([e.query for e in eps])
     ops = []
     for e, key, ids_shown, (gen_id, reply) in zip(eps, keys, shown, outputs):
@@ -1098,7 +1109,9 @@ def train_step(run, step: int) -> dict:
     if cfg.trains_actor and trains:
         metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
     if distilling is not None:
-        apply_everywhere(run, distilling.result())         # every rank's lessons, in rank order
+        ops = distilling.result()
+        metrics.update(vault_lessons(eps, ops))
+        apply_everywhere(run, ops)                         # every rank's lessons, in rank order
     if cfg.trains_extractor and trains:                     # 6. CISPO on the generations judged so far
         metrics.update({f"extractor/{k}": v for k, v in extractor_update(run).items()})
     if cfg.uses_bank and cfg.merge_every and (step + 1) % cfg.merge_every == 0:
@@ -1118,11 +1131,22 @@ def episode_specs(run, step: int) -> list[tuple]:
     for g in range(groups):
         task = run.tasks[(step * groups + g) % len(run.tasks)]
         seed = int(rng.integers(run.cfg.train_instances or EVAL_SEED0))
+        if run.cfg.instance_visits:
+            task, seed = visiting_instance(run, step, g)
         if g % world() != rank():
             continue
         for j in range(G):
             specs.append((task, seed, g, run.cfg.uses_bank and j >= G // 2))
     return specs
+
+
+def visiting_instance(run, step: int, g: int) -> tuple[str, int]:
+    """--instance-visits K: group g plays one fresh instance for K iterations, then the next; the groups take
+    turns to start theirs, so every iteration some instances are new and some are being revisited."""
+    K = run.cfg.instance_visits
+    life = (step + g * K // run.cfg.groups) // K
+    seed = int(np.random.default_rng([run.seed, g, life, INSTANCES]).integers(EVAL_SEED0))
+    return run.tasks[g % len(run.tasks)], seed
 
 
 def record_outcomes(run, eps: list[Episode]):

@@ -1,6 +1,7 @@
 """The metrics of an iteration and of an evaluation, over every rank: success, retrieval (how often the re-rank
 decides, how often a lesson comes from the same instance, how old it is), counts and timings. crl.py calls them;
 they read its Episode and Run records and change nothing."""
+import envs
 from parallel import all_reduce_sum, gather_objects
 
 
@@ -52,6 +53,22 @@ def lesson_age(eps, now: int) -> dict:
     ages = [now - e.written[0] for e in eps if e.written]
     n, total = all_reduce_sum(len(ages)), all_reduce_sum(sum(ages))
     return {"retrieval/age": total / n} if n else {}
+
+
+def vault_lessons(eps, ops) -> dict:
+    """On the vault, where a lesson can be checked: the share of the lessons distilled this iteration that name
+    the door of the vault they came from, and of the lessons read that name the reader's door (over every rank;
+    a lesson's first word counts, chance 1/8)."""
+    def right(text, seed):
+        return text.strip().lower().split(" ")[:1] == [envs.vault_secret(envs.vault_name(seed))]
+    written = [right(op.text, op.origin) for op in ops if op.task == "vault" and op.kind in ("add", "update")]
+    read = [right(e.lessons[0], e.seed) for e in eps if e.task == "vault" and e.lessons]
+    out = {}
+    for name, marks in (("lessons/right_written", written), ("lessons/right_read", read)):
+        n = all_reduce_sum(len(marks))
+        if n:
+            out[name] = all_reduce_sum(sum(marks)) / n
+    return out
 
 
 def episode_metrics(run, eps) -> dict:

@@ -11,7 +11,7 @@ a group shares one lesson), winning with probability p_right when the lesson nam
 crl.credit_generations credits those outcomes and crl.extractor_update takes its CISPO step. Nothing else of a
 run: no actor, no bank, no merge.
 Every `eval_every` steps, on `eval_vaults` held-out won vaults each shown a wrong door: the extractor's exact
-constrained policy over its completions (ADD or UPDATE 1, each door; NONE with --extractor-none): P(its lesson
+constrained policy over its completions (ADD or UPDATE 1, each door; NONE unless --extractor-none never): P(its lesson
 names the door that opened), chance 1/8, the mass on NONE, and the top door's mean mass (a collapse onto one door, which earns 1/8 on fresh vaults). Writes
 OUT/curve.jsonl (the evaluations) and OUT/steps.jsonl (each step: its lessons' share right, reward, timings).
 """
@@ -62,7 +62,7 @@ def held_out(n: int) -> list[crl.Episode]:
 def evaluate(run, eps: list[crl.Episode]) -> dict:
     """P(the lesson names the door that opened) and the top door's mass, under the exact constrained policy."""
     completions = tuple(f"{head} {d}" for head in ("ADD:", "UPDATE 1:") for d in DOORS)
-    completions += ("NONE",) if run.cfg.extractor_none else ()
+    completions += ("NONE",) if run.cfg.extractor_none != "never" else ()
     right, marginal, none = [], np.zeros(len(DOORS)), 0.0
     for e in eps:
         p = policy(run.extractor, run.extractor_tok, crl.extractor_prompt(run, e), completions).float().numpy()

@@ -29,5 +29,5 @@ for lr in 1e-5 1e-4; do
     run real-won-lr$lr --steps 150 --extractor-lr $lr $REAL --p-won 1
     run oracle-mixed-lr$lr --steps 150 --extractor-lr $lr --p-won 0.375
 done
-run real-none-lr1e-5 --steps 150 --extractor-lr 1e-5 $REAL --extractor-none
+run real-none-lr1e-5 --steps 150 --extractor-lr 1e-5 $REAL --extractor-none always
 wait

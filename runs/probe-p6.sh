@@ -20,4 +20,4 @@ python train.py "${p6[@]}" --iters 100 --seed 0 --extractor-lr 0 --out "$OUT/fro
 python train.py "${p6[@]}" --iters 100 --seed 1 --out "$OUT/learn-seed1"
 python train.py "${p6[@]}" --iters 100 --seed 1 --extractor-lr 0 --out "$OUT/frozen-seed1"
 python train.py "${p6[@]}" --iters 300 --seed 0 --out "$OUT/learn-300"
-python train.py "${p6[@]}" --iters 300 --seed 0 --no-extractor-none --out "$OUT/learn-300-no-none"
+python train.py "${p6[@]}" --iters 300 --seed 0 --extractor-none never --out "$OUT/learn-300-no-none"

@@ -109,13 +109,19 @@ def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
     return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
 
 
-def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False) -> list | None:
+def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False,
+              won: list[bool] | None = None) -> list | None:
     """A run's extractor constraints, one per prompt: None when it writes free text (crl.Run: cfg, pool,
-    extractor_tok)."""
+    extractor_tok). `won`: whether each distilled episode succeeded (cfg.extractor_none "failure" reads it)."""
+    if run.cfg.extractor_none not in ("always", "never", "failure"):
+        raise ValueError(f"extractor_none must be always, never or failure, got {run.cfg.extractor_none!r}")
     if run.cfg.extractor_free_text:
         return None
-    none = merge or run.cfg.extractor_none     # a merge may always leave its lessons as they are
-    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), none) for n, task in zip(shown, tasks)]
+    won = won or [False] * len(shown)
+    none = [merge or run.cfg.extractor_none == "always" or (run.cfg.extractor_none == "failure" and not w)
+            for w in won]                       # a merge may always leave its lessons as they are
+    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), ok)
+            for n, task, ok in zip(shown, tasks, none)]
 
 
 def task_plans(run, task: str) -> tuple[str, ...]:

@@ -40,8 +40,8 @@ SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, warmup=2, fre
                eval_batch=64, iters=60, judge="none")
 # --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are
 # constrained, a lesson is one move word (which the actor above follows), and it must write one (a NONE is never
-# credited: --no-extractor-none)
-SMOLLM2_EXTRACTOR = dict(extractor_free_text=False, lesson_moves=1, extractor_none=False, extractor_reply_tokens=16,
+# credited: --extractor-none never)
+SMOLLM2_EXTRACTOR = dict(extractor_free_text=False, lesson_moves=1, extractor_none="never", extractor_reply_tokens=16,
                          episode_chars=1500, distill_per_group=4, extractor_batch=16)
 PRESETS = {"tiny": (TINY, TINY_EXTRACTOR), "smollm2": (SMOLLM2, SMOLLM2_EXTRACTOR)}   # name: (actor, extractor)
 

@@ -143,6 +143,22 @@ def test_recency_is_one_rank_within_the_window_and_the_dropout_moves_a_recent_to
     assert bank.get(0).shown == 3 and bank.search("t", Q, 1, now=0)[0][0][0].text == "A"   # tie again
 
 
+def test_min_cosine_serves_only_near_lessons_and_the_dropout_stays_among_them():
+    """min_cosine 0.85: of A (1.0), B (0.9), C (0.8) only A and B are served, top 3 asked; a query near none
+    gets nothing and counts nothing; a just-shown A dropped by the re-rank goes behind B, not behind C; with
+    only A near (0.95), the dropped A is still served (it moves behind nothing)."""
+    bank = three(use_penalty=0.0, min_cosine=0.85)
+    assert [e.text for e, _ in bank.search("t", Q, 3, now=5)[0]] == ["A", "B"]
+    assert bank.search("t", torch.tensor([0.0, -1.0]), 1, now=5) == [[]] and bank.stats["searches"] == 1
+    got = bank.search("t", Q.expand(8, 2), 3, update=False, now=6, rng=np.random.default_rng(3))
+    draws = np.random.default_rng(3).random(8)
+    assert [[e.text for e, _ in r] for r in got] == [["B", "A"] if u < 0.5 else ["A", "B"] for u in draws]
+    bank = three(use_penalty=0.0, min_cosine=0.95)
+    bank.search("t", Q, 1, now=5)
+    got = bank.search("t", Q.expand(8, 2), 1, update=False, now=6, rng=np.random.default_rng(3))
+    assert [[e.text for e, _ in r] for r in got] == [["A"]] * 8
+
+
 def test_a_call_reads_one_snapshot_per_search_batch():
     """[release] 40 queries with search_batch 32: the first 32 read the counts before the call and all get A; the
     last 8 read A as just shown (-1.5 against B's -1) and get B; A's and B's shown counts and the off-top-1 count

@@ -365,3 +365,19 @@ def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch)
     run.cfg.extractor_batch = 1
     stats = crl.extractor_update(run)
     assert stats["reward"] == pytest.approx(1.0) and stats["generations"] == 1 and seen == [2, 1]
+
+
+def test_distillation_lets_only_a_lost_episode_answer_none(monkeypatch):
+    """--extractor-none failure, in the path a run takes: crl.distill gives a won episode heads without NONE
+    and a lost one heads with it."""
+    run = make_run(extractor_free_text=False, lesson_moves=1, extractor_none="failure")
+    won, lost = episode(True, []), episode(False, [])
+    for e in (won, lost):
+        e.query, e.transcript = "start", [("environment", "start")]
+    seen = []
+    monkeypatch.setattr(crl, "extractor_generate",
+                        lambda run_, prompts, tasks, rng, heads, record: seen.extend(heads) or [(1, "NONE")] * 2)
+    crl.distill(run, [won, lost], 3, None)
+    none = [any(run.extractor_tok.decode(c, skip_special_tokens=True).startswith("NONE") for c in h.completions)
+            for h in seen]
+    assert none == [False, True]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import crl
+import envs
 import metrics
 import parallel
 from bank import ExperienceBank, ExperienceManager, Operation
@@ -197,6 +198,21 @@ def test_train_instances_draw_from_a_fixed_pool():
     assert len(seeds(fresh)) == 48 and max(seeds(fresh)) < crl.EVAL_SEED0
 
 
+def test_instance_visits_play_each_fresh_instance_k_iterations_in_a_row_groups_staggered():
+    """--instance-visits 3 with 2 groups: group 0 starts a new instance at iterations 0, 3, 6, 9, group 1 at 2, 5,
+    8 (its first lasts 2); every instance is new (never seen by another group or life), and both halves of a
+    group play the group's one instance."""
+    run = tiny_run(instance_visits=3, groups=2, group_size=4)
+    plays = [crl.episode_specs(run, step) for step in range(12)]
+    assert all(len({seed for _, seed, g, _ in p if g == group}) == 1 for p in plays for group in (0, 1))
+    by_group = [[next(seed for _, seed, g, _ in p if g == group) for p in plays] for group in (0, 1)]
+    starts = [[s for s in range(12) if s == 0 or seeds[s] != seeds[s - 1]] for seeds in by_group]
+    assert starts == [[0, 3, 6, 9], [0, 2, 5, 8, 11]]
+    assert len(set(by_group[0]) | set(by_group[1])) == 9 and max(by_group[0] + by_group[1]) < crl.EVAL_SEED0
+    with pytest.raises(ValueError, match="train-instances"):
+        crl.CRLConfig(instance_visits=3, train_instances=16)
+
+
 def replies_and_prompts(run, eps):
     """Each segment of each episode: (its prompt text before the reply, the reply text)."""
     tok, out = run.actor_tok, []
@@ -378,3 +394,19 @@ def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):
     assert out["attempts/previous_attempt_2"] == sum(known[0]) / 8 > 0
     assert out["attempts/previous_attempt_3"] == sum(known[1]) / 8 and "attempts/previous_attempt_1" not in out
     assert [e.text for e in manager.bank.entries("vault")] == ["nowhere: north"] and run.generations == {}
+
+
+def test_vault_lessons_count_the_lessons_that_name_their_vaults_door():
+    """Of 3 lessons distilled from vault seeds 5, 6, 7 (two naming the door, one not; a room lesson and a NONE
+    ignored) 2/3 are right; of 2 episodes reading a lesson, the one whose lesson names its own vault's door
+    counts, the one reading vault 6's door in vault 5 does not (unless the doors agree)."""
+    door = {s: envs.vault_secret(envs.vault_name(s)) for s in (5, 6, 7)}
+    wrong = next(d for d in envs.Vault.actions if d != door[7])
+    ops = [Operation("add", "vault", door[5], (), None, 1, 0, origin=5),
+           Operation("update", "vault", f"{door[6].upper()} ", (3,), None, 2, 0, origin=6),
+           Operation("add", "vault", wrong, (), None, 3, 0, origin=7),
+           Operation("add", "room", "north", (), None, 4, 0, origin=5), Operation("none", "vault", "", origin=5)]
+    eps = [crl.Episode("vault", 5, 0, True, lessons=[door[5]]), crl.Episode("vault", 5, 0, True, lessons=[door[6]]),
+           crl.Episode("vault", 5, 0, False)]
+    out = metrics.vault_lessons(eps, ops)
+    assert out == {"lessons/right_written": 2 / 3, "lessons/right_read": (1 + (door[6] == door[5])) / 2}

@@ -168,7 +168,7 @@ def test_cispo_probe_runs_its_steps_and_evaluations(tmp_path):
     out = tmp_path / "probe"
     cispo_vault.main(["--out", str(out), "--steps", "1", "--batch", "3", "--eval-every", "1", "--eval-vaults", "2",
                       "--p-wrong", "0.5", "--actor", "tiny", "--extractor", "tiny", "--lesson-moves", "1",
-                      "--no-extractor-none"])
+                      "--extractor-none", "never"])
     curve = [json.loads(line) for line in open(out / "curve.jsonl")]
     steps = [json.loads(line) for line in open(out / "steps.jsonl")]
     assert [c["step"] for c in curve] == [0, 1] and all(0 <= c["p_opened"] <= 1 for c in curve)

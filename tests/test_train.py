@@ -449,13 +449,13 @@ def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
 
 
 def test_no_extractor_none_heads_always_write_a_lesson():
-    """--no-extractor-none: a distilling tiny extractor's head is ADD or UPDATE, never NONE, with the lesson
+    """--extractor-none never: a distilling tiny extractor's head is ADD or UPDATE, never NONE, with the lesson
     grammar and with free lessons; a merge may still answer NONE (or keep one lesson: KEEP)."""
     from model import load_tokenizer
     tok = load_tokenizer("tiny")
     prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
     for moves in (1, 0):
-        cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=moves, extractor_none=False,
+        cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=moves, extractor_none="never",
                             extractor_reply_tokens=8, extractor_temperature=3.0)
         run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
         run.timer = {"extractor": 0.0}
@@ -466,6 +466,28 @@ def test_no_extractor_none_heads_always_write_a_lesson():
         merge = grammar.heads_for(run, [2], ["room"], merge=True)[0]
         merge_heads = {tok.decode(c, skip_special_tokens=True).split(" ")[0] for c in merge.completions}
         assert merge_heads == {"UPDATE", "KEEP", "NONE"}
+
+
+def test_extractor_none_after_failure_only():
+    """--extractor-none failure: after a won episode the head is ADD or UPDATE, after a lost one NONE is open
+    too (and, sampled hot, taken); `always` opens NONE after both; the old boolean reads as always / never."""
+    from model import load_tokenizer
+    tok = load_tokenizer("tiny")
+    prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
+    won = [True] * 32 + [False] * 32
+    heads = {}
+    for none in ("failure", "always"):
+        cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=1, extractor_none=none,
+                            extractor_reply_tokens=8, extractor_temperature=3.0)
+        run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
+        run.timer = {"extractor": 0.0}
+        out = crl.extractor_generate(run, [prompt] * 64, ["room"] * 64, crl.seeded_generator("cpu", 0, 3),
+                                     grammar.heads_for(run, [1] * 64, ["room"] * 64, won=won))
+        heads[none] = [reply.split(" ")[0].rstrip(":") for _, reply in out]
+    assert "NONE" not in heads["failure"][:32] and "NONE" in heads["failure"][32:]
+    assert "NONE" in heads["always"][:32] and "NONE" in heads["always"][32:]
+    assert crl.CRLConfig(extractor_none=False).extractor_none == "never"
+    assert crl.CRLConfig(extractor_none=True).extractor_none == "always"
 
 
 def test_lesson_grammar_reply_is_never_cut():
