@@ -50,8 +50,10 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
   extractor writes through constrained operation heads (small/grammar.py; a merge lists one lesson); on CPU
   distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
-One option is ours alone, off by default: `--credit lift` credits a lesson with its episode's gain over the
-same instance played without experience (episode_lift).
+Options ours alone, off by default, that make the vault a clean control of co-evolution (runs/vault-clean.sh):
+`--credit lift` credits a lesson with its episode's gain over the same instance played without experience
+(episode_lift); `--instance-visits K` plays fresh instances K iterations each (visiting_instance);
+`--bank-min-cosine` serves only near lessons; `--extractor-none failure` lets only a lost episode yield no lesson.
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it.

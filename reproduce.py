@@ -116,13 +116,14 @@ def last_attempt(runs: dict, task: str) -> int:
     return max([int(k.rsplit("_", 1)[1]) for k in keys if k.startswith(f"attempts/{task}/success_")], default=0)
 
 
-def extractor_reward(rows: list[dict]) -> tuple[float, float] | None:
-    """The extractor's mean reward over the first and the last third of its CISPO steps."""
-    rewards = [r["extractor/reward"] for r in rows if "extractor/reward" in r]
-    if len(rewards) < 3:
+def first_last(rows: list[dict], key: str) -> tuple[float, float] | None:
+    """The mean of a metric over the first and the last third of the iterations that logged it (the extractor's
+    reward: its CISPO steps; the vault's lessons right: the iterations that distilled)."""
+    values = [r[key] for r in rows if key in r]
+    if len(values) < 3:
         return None
-    third = len(rewards) // 3
-    return sum(rewards[:third]) / third, sum(rewards[-third:]) / third
+    third = len(values) // 3
+    return sum(values[:third]) / third, sum(values[-third:]) / third
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -132,24 +133,29 @@ def table(results: str, task: str) -> str:
     """The paper-style markdown table of one task's grid."""
     runs = read_runs(results, task)
     lines = [f"### {task}", "",
-             "| mode | seeds | eval w/ exp | eval w/o exp | w/ − w/o (paired) | extractor reward first → last third |",
-             "|---|---|---|---|---|---|"]
+             "| mode | seeds | eval w/ exp | eval w/o exp | w/ − w/o (paired) | extractor reward first → last third "
+             "| lessons right (vault) first → last third |",
+             "|---|---|---|---|---|---|---|"]
     for mode in MODES:
         if mode not in runs:
             continue
         exp, noexp = finals(runs, mode, task, "exp"), finals(runs, mode, task, "noexp")
         cells = [fmt(*mean_ci(list(d.values()))) if d else "—" for d in (exp, noexp)]
         diff = paired(exp, noexp)
-        rewards = [x for x in (extractor_reward(r["rows"]) for r in runs[mode].values() if r["final"]) if x]
-        reward_cell = "—"
-        if rewards:
-            first, last = mean_ci([a for a, _ in rewards]), mean_ci([b for _, b in rewards])
-            reward_cell = f"{fmt(*first)} → {fmt(*last)}"
+        trend = [first_to_last(runs[mode], key) for key in ("extractor/reward", "lessons/right_written")]
         lines.append(f"| {mode} | {len(noexp)}/{len(runs[mode])} | {cells[0]} | {cells[1]} | "
-                     f"{fmt(*mean_ci(diff)) if diff else '—'} | {reward_cell} |")
+                     f"{fmt(*mean_ci(diff)) if diff else '—'} | {trend[0]} | {trend[1]} |")
     lines.append("")
     lines += [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode)]
     return "\n".join(lines + attempts_table(runs, task)) + "\n"
+
+
+def first_to_last(runs: dict, key: str) -> str:
+    """A cell: the metric's first-third and last-third means over a mode's finished runs (95% intervals)."""
+    pairs = [x for x in (first_last(r["rows"], key) for r in runs.values() if r["final"]) if x]
+    if not pairs:
+        return "—"
+    return f"{fmt(*mean_ci([a for a, _ in pairs]))} → {fmt(*mean_ci([b for _, b in pairs]))}"
 
 
 def attempts_table(runs: dict, task: str) -> list[str]:

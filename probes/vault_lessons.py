@@ -2,8 +2,10 @@
 
 Reads the bank of a run's last checkpoint (RUN/ckpt/bank): every lesson distilled from an episode remembers
 the vault it came from (Entry.origin), whose door envs.Vault knows. Prints the share of lessons whose text is
-that door, by the iteration they were written in (chance: 1/8), the commonest lessons, and the extractor's
-reward at each of its CISPO steps (RUN/metrics.jsonl; none for a frozen extractor).
+that door, by the iteration they were written in (chance: 1/8), the commonest lessons, what the actor made of
+each kind of lesson it read (success per use of the right ones, of wrong ones naming the commonest lesson's door,
+and of the other wrong ones: which lesson the outcome credit favours), and the extractor's reward at each of its
+CISPO steps (RUN/metrics.jsonl; none for a frozen extractor).
 """
 import collections
 import json
@@ -27,6 +29,22 @@ def rightness(run: str) -> tuple[dict, list, int]:
     return shares, collections.Counter(e.text for e in entries).most_common(5), sum(e.origin < 0 for e in entries)
 
 
+def success_by_kind(run: str) -> dict:
+    """{kind: (success per use, uses)} over the lessons the actor read: right, wrong naming the commonest lesson
+    (a door the lesson names whatever the vault), other wrong."""
+    bank, env = ExperienceBank.load(f"{run}/ckpt/bank"), envs.make("vault")
+    entries = [e for e in bank.entries("vault") if e.origin >= 0]
+    common = collections.Counter(e.text.strip().lower() for e in entries).most_common(1)[0][0] if entries else None
+    uses, wins = collections.Counter(), collections.Counter()
+    for e in entries:
+        env.reset(seed=e.origin)
+        text = e.text.strip().lower()
+        kind = "right" if text == env.secret else f"wrong, {common}" if text == common else "wrong, other"
+        uses[kind] += e.uses
+        wins[kind] += e.successes
+    return {k: (wins[k] / uses[k], uses[k]) for k in ("right", f"wrong, {common}", "wrong, other") if uses[k]}
+
+
 def extractor_rewards(run: str) -> list[tuple[int, float]]:
     """(iteration, the extractor's reward) at each iteration that took a CISPO step."""
     with open(os.path.join(run, "metrics.jsonl")) as f:
@@ -41,6 +59,7 @@ def main(runs: list[str]):
         print(f"{run}: {right:.3f} of lessons name their vault's door (chance 0.125); {merged} from merges")
         print("  by iteration written: " + ", ".join(f"{b}-{b + 9}: {s:.2f} of {n}" for b, (s, n) in shares.items()))
         print("  commonest: " + ", ".join(f"{text!r} {n}" for text, n in common))
+        print("  success per use: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in success_by_kind(run).items()))
         print("  extractor reward by CISPO step: " + (", ".join(f"{t}: {r:+.2f}" for t, r in extractor_rewards(run))
                                                        or "none (frozen)"))
 

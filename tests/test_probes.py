@@ -177,6 +177,25 @@ def test_cispo_probe_runs_its_steps_and_evaluations(tmp_path):
     assert curve[0]["p_opened"] != curve[1]["p_opened"]          # the step changed the extractor
 
 
+def test_vault_lessons_success_per_use_by_kind(tmp_path):
+    """A right lesson used 4 times (3 won), a door W written for two other vaults (2 of 4 uses won) and a door V
+    (0 of 4): W is the commonest lesson, so the kinds are right 3/4, wrong-W 2/4, wrong-other 0/4."""
+    from bank import Operation
+    env = envs.make("vault")
+    door = {s: (env.reset(seed=s), env.secret)[1] for s in (5, 6, 7)}
+    w = next(d for d in env.actions if d not in door.values())
+    v = next(d for d in env.actions if d not in (*door.values(), w))
+    bank = ExperienceBank(2)
+    ids = bank.apply([Operation("add", "vault", text, key=torch.tensor([1.0, 0.1 * j]), origin=seed)
+                      for j, (text, seed) in enumerate(((door[5], 5), (w, 6), (w, 7), (v, 6)))])
+    for eid, results in zip(ids, ([1, 1, 1, 0], [1, 0], [0, 1], [0, 0, 0, 0])):
+        for won in results:
+            bank.record_use([eid], bool(won))
+    bank.save(tmp_path / "ckpt" / "bank")
+    assert vault_lessons.success_by_kind(str(tmp_path)) == {"right": (0.75, 4), f"wrong, {w}": (0.5, 4),
+                                                            "wrong, other": (0.0, 4)}
+
+
 def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
     """Two lessons written at iteration 3 (one names its vault's door, one another door), one at 12 (right), and a
     merged one (no vault): 1/2 right in block 0-9, 1/1 in 10-19, 1 from merges."""

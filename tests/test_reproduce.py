@@ -29,7 +29,8 @@ def test_table_from_fabricated_results(tmp_path):
     root = str(tmp_path)
     crl_noexp, crl_exp, grpo = [0.5, 0.6, 0.7], [0.6, 0.6, 0.9], [0.4, 0.5, 0.5]
     for s in range(3):
-        rewards = [{"step": i, "extractor/reward": r} for i, r in enumerate([-0.5, -0.3, 0.1, 0.3, 0.5, 0.7])]
+        rewards = [{"step": i, "extractor/reward": r, "lessons/right_written": (r + 1) / 2}
+                   for i, r in enumerate([-0.5, -0.3, 0.1, 0.3, 0.5, 0.7])]
         evals = [{"step": 0, "eval/room/success_noexp": 0.2, "eval/room/success_exp": 0.1}]
         _run(root, "crl", s, {"eval/room/success_noexp": crl_noexp[s], "eval/room/success_exp": crl_exp[s]},
              evals + rewards)
@@ -46,6 +47,7 @@ def test_table_from_fabricated_results(tmp_path):
     assert rows["crl"][3] == "0.100 ± 0.248"    # paired w/ - w/o: [0.1, 0.0, 0.2]: sd 0.1, as above
     # extractor reward over the first and last third of its 6 steps: (-0.5 - 0.3) / 2 and (0.5 + 0.7) / 2
     assert rows["crl"][4] == "-0.400 ± 0.000 → 0.600 ± 0.000"
+    assert rows["crl"][5] == "0.300 ± 0.000 → 0.800 ± 0.000" and rows["grpo"][5] == "—"   # (x + 1) / 2 of those
     assert rows["grpo"][1] == "—" and rows["grpo"][2] == "0.467 ± 0.143"
     # CRL w/o exp - GRPO paired: [0.1, 0.1, 0.2] -> mean 0.1333, sd 0.0577, half-width 0.1434: contains zero
     assert "CRL (eval without experience) − GRPO, paired by seed: 0.133 ± 0.143 over 3 seed(s); the 95% " \
