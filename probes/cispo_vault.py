@@ -1,5 +1,6 @@
 """Can CISPO teach the extractor to name the door that opened, apart from the actor? Run:
 python -m probes.cispo_vault --out results/cispo-vault/NAME [--steps 50] [--p-won 1] [--p-right 1 --p-wrong 0]
+    [--p-door northeast=0.49]
     [train.py flags: --extractor-lr 1e-4 ...]
 python -m probes.cispo_vault --plot results/cispo-vault      (every arm's curve: FOLDER/curve.png)
 
@@ -37,11 +38,13 @@ def secret(seed: int) -> str:
     return env.secret
 
 
-def follow(run, ops: list, secrets: dict, p_right: float, p_wrong: float, uses: int, rng) -> float:
-    """The follower plays each lesson `uses` times; crl credits the outcomes. Returns the share of right lessons."""
+def follow(run, ops: list, secrets: dict, p_right: float, p_wrong: float, uses: int, rng, p_door=None) -> float:
+    """The follower plays each lesson `uses` times; crl credits the outcomes. Returns the share of right lessons.
+    `p_door`: {door: success with a wrong lesson naming it} (a door the actor favours anyway costs it nothing)."""
     eps = []
     for op in ops:
-        p = p_right if op.text.strip().lower() == secrets[op.origin] else p_wrong
+        text = op.text.strip().lower()
+        p = p_right if text == secrets[op.origin] else (p_door or {}).get(text, p_wrong)
         for _ in range(uses):
             won = bool(rng.random() < p)
             eps.append(crl.Episode("vault", op.origin, 0, True, sources=[op.source], reward=float(won), success=won))
@@ -83,6 +86,8 @@ def main(argv=None):
     p.add_argument("--p-won", type=float, default=1.0, help="share of the episodes won")
     p.add_argument("--p-right", type=float, default=1.0, help="the follower's success with the vault's door")
     p.add_argument("--p-wrong", type=float, default=0.0, help="... and with another door")
+    p.add_argument("--p-door", default="", help="DOOR=P: the follower's success with a wrong lesson naming DOOR "
+                                                  "(e.g. northeast=0.49: the door the actor plays anyway)")
     p.add_argument("--uses", type=int, default=4, help="follower episodes a lesson")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-vaults", type=int, default=32)
@@ -116,7 +121,8 @@ def main(argv=None):
             secrets = {s: secret(s) for s in seeds}
             gen_rng = crl.seeded_generator(device, run.seed, step, 0, crl.EXTRACTOR_SAMPLING)
             ops = crl.distill(run, eps, step, gen_rng)
-            right = follow(run, ops, secrets, mine.p_right, mine.p_wrong, mine.uses, rng)
+            p_door = {d: float(x) for d, _, x in (part.partition("=") for part in mine.p_door.split(",") if part)}
+            right = follow(run, ops, secrets, mine.p_right, mine.p_wrong, mine.uses, rng, p_door)
             stats = crl.extractor_update(run)
             line = {"step": step, "lessons_right": right, "lessons": len(ops), **run.counters,
                     "reward": stats.get("reward"), "cispo": bool(stats), "seconds": time.perf_counter() - t0,

@@ -162,6 +162,22 @@ def test_cispo_probe_credits_each_lesson_by_its_vaults_door():
     run.manager.close()
 
 
+def test_cispo_probe_follower_wins_by_the_door_a_lesson_names(monkeypatch):
+    """The follower's odds: the vault's door p_right (1), a wrong door named in p_door its own (1), any other wrong
+    door p_wrong (0); each lesson played `uses` (2) times, credited through crl.credit_generations."""
+    from bank import Operation
+    door = {s: cispo_vault.secret(s) for s in (5, 6, 7)}
+    favoured = next(d for d in cispo_vault.DOORS if d not in (door[6],))
+    other = next(d for d in cispo_vault.DOORS if d not in (door[7], favoured))
+    ops = [Operation("add", "vault", text, source=gid, origin=seed)
+           for gid, (text, seed) in enumerate(((door[5], 5), (favoured, 6), (other, 7)))]
+    played = []
+    monkeypatch.setattr(crl, "credit_generations", lambda run, eps: played.extend(eps))
+    right = cispo_vault.follow(None, ops, door, 1.0, 0.0, 2, np.random.default_rng(0), {favoured: 1.0})
+    assert right == 1 / 3 and [(e.sources[0], e.success) for e in played] == [(0, True), (0, True), (1, True),
+                                                                                (1, True), (2, False), (2, False)]
+
+
 def test_cispo_probe_runs_its_steps_and_evaluations(tmp_path):
     """A CISPO step of the tiny extractor on 3 fresh vaults (every lesson credited, so the step trains), evaluated
     before and after on 2 held-out vaults: P(opened door) and the top door's mass are probabilities, and move."""
