@@ -12,9 +12,11 @@ a group shares one lesson), winning with probability p_right when the lesson nam
 crl.credit_generations credits those outcomes and crl.extractor_update takes its CISPO step. Nothing else of a
 run: no actor, no bank, no merge.
 Every `eval_every` steps, on `eval_vaults` held-out won vaults each shown a wrong door: the extractor's exact
-constrained policy over its completions (ADD or UPDATE 1, each door; NONE unless --extractor-none never): P(its lesson
-names the door that opened), chance 1/8, the mass on NONE, and the top door's mean mass (a collapse onto one door, which earns 1/8 on fresh vaults). Writes
-OUT/curve.jsonl (the evaluations) and OUT/steps.jsonl (each step: its lessons' share right, reward, timings).
+constrained policy over its completions (ADD or UPDATE 1, each door; NONE unless --extractor-none never): P(its
+lesson names the door that opened), chance 1/8, P(it names the door it was shown: a copier), the mass on NONE, and
+the top door's mean mass (a collapse onto one door, which earns 1/8 on fresh vaults). `--steps 0` with `--extractor
+RUN/ckpt/extractor` (and the run's extractor flags) reads a trained run's extractor. Writes OUT/curve.jsonl (the
+evaluations) and OUT/steps.jsonl (each step: its lessons' share right, reward, timings).
 """
 import argparse
 import json
@@ -66,14 +68,16 @@ def evaluate(run, eps: list[crl.Episode]) -> dict:
     """P(the lesson names the door that opened) and the top door's mass, under the exact constrained policy."""
     completions = tuple(f"{head} {d}" for head in ("ADD:", "UPDATE 1:") for d in DOORS)
     completions += ("NONE",) if run.cfg.extractor_none != "never" else ()
-    right, marginal, none = [], np.zeros(len(DOORS)), 0.0
+    right, shown, marginal, none = [], [], np.zeros(len(DOORS)), 0.0
     for e in eps:
         p = policy(run.extractor, run.extractor_tok, crl.extractor_prompt(run, e), completions).float().numpy()
         by_door = p[:len(DOORS)] + p[len(DOORS):2 * len(DOORS)]
         right.append(by_door[DOORS.index(e.transcript[-2][1])])
+        shown.append(by_door[DOORS.index(e.lessons[0])])
         marginal += by_door / len(eps)
         none += p[2 * len(DOORS):].sum() / len(eps)
-    return {"p_opened": float(np.mean(right)), "top_door": DOORS[int(marginal.argmax())],
+    return {"p_opened": float(np.mean(right)), "p_shown": float(np.mean(shown)),
+            "top_door": DOORS[int(marginal.argmax())],
             "top_door_mass": float(marginal.max()), "none": float(none)}
 
 

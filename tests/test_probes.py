@@ -178,6 +178,24 @@ def test_cispo_probe_follower_wins_by_the_door_a_lesson_names(monkeypatch):
                                                                                 (1, True), (2, False), (2, False)]
 
 
+def test_cispo_probe_reads_the_opened_and_the_shown_door(monkeypatch):
+    """A policy with 0.6 on `ADD: east` and 0.4 on `UPDATE 1: west`: on a vault won through west and shown east,
+    P(opened) 0.4 and P(shown) 0.6; on one won through east and shown west, the other way round."""
+    from types import SimpleNamespace
+    done = {}
+    monkeypatch.setattr(crl, "extractor_prompt", lambda run, e: done.setdefault(id(e), e))
+    def policy(model, tok, e, completions):
+        return torch.tensor([0.6 * (c == "ADD: east") + 0.4 * (c == "UPDATE 1: west") for c in completions])
+    monkeypatch.setattr(cispo_vault, "policy", policy)
+    eps = [crl.Episode("vault", 0, 0, True, lessons=[shown], transcript=[("agent", opened), ("environment", "out")])
+           for opened, shown in (("west", "east"), ("east", "west"))]
+    run = SimpleNamespace(extractor=None, extractor_tok=None, cfg=crl.CRLConfig(extractor_none="never"))
+    out = cispo_vault.evaluate(run, eps)
+    assert out["p_opened"] == pytest.approx(0.5) and out["p_shown"] == pytest.approx(0.5)
+    out = cispo_vault.evaluate(run, eps[:1])
+    assert out["p_opened"] == pytest.approx(0.4) and out["p_shown"] == pytest.approx(0.6) and out["top_door"] == "east"
+
+
 def test_cispo_probe_runs_its_steps_and_evaluations(tmp_path):
     """A CISPO step of the tiny extractor on 3 fresh vaults (every lesson credited, so the step trains), evaluated
     before and after on 2 held-out vaults: P(opened door) and the top door's mass are probabilities, and move."""
