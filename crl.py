@@ -228,6 +228,8 @@ class CRLConfig:
     def __post_init__(self):
         if isinstance(self.extractor_none, bool):   # runs written before it took a third value
             self.extractor_none = "always" if self.extractor_none else "never"
+        if self.extractor_none not in ("always", "never", "failure"):
+            raise ValueError(f"extractor_none must be always, never or failure, got {self.extractor_none!r}")
         if self.instance_visits and self.train_instances:
             raise ValueError("--instance-visits draws fresh instances; it cannot be combined with --train-instances")
         self.max_steps, self.history = (None if v is None else str(v) for v in (self.max_steps, self.history))

@@ -12,7 +12,11 @@ process on the same OUT loses nothing, and read back so that a damaged file is o
 A small file is written whole to a temporary file, flushed to disk and renamed into place (`write_file`); a
 checkpoint is written to ckpt.tmp, flushed, and renamed into place the same way. A checkpoint is checked
 (`verify`) before a run resumes from it; a damaged one is moved to ckpt.damaged and the run resumes from the
-one before, with a message."""
+one before, with a message.
+
+At the bottom, the command line: train.py's flags, one per setting of its RunConfig and crl.CRLConfig
+(`add_flags`), each help naming the presets' values."""
+import argparse
 import contextlib
 import dataclasses
 import errno
@@ -23,11 +27,13 @@ import shutil
 import socket
 import sys
 import time
+import typing
 
 import torch
 
 import crl
 import parallel
+from small.presets import PRESETS
 
 
 class Damaged(Exception):
@@ -419,3 +425,53 @@ def draw_curve(out: str):
     fig.savefig(os.path.join(out, "curve.png.tmp"), format="png", dpi=100)
     plt.close(fig)
     os.replace(os.path.join(out, "curve.png.tmp"), os.path.join(out, "curve.png"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command line: one flag per setting of train.RunConfig and crl.CRLConfig
+
+def flat_fields(cls, prefix=""):
+    """(dest, field) for every setting of `cls`; a nested config's fields get its name as prefix."""
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.type):
+            yield from flat_fields(f.type, prefix + f.name + "_")
+        else:
+            yield prefix + f.name, f
+
+
+def flag_name(dest: str, f) -> str:
+    return "--" + dest.replace(f.name, f.metadata.get("flag", f.name)).replace("_", "-")
+
+
+def value_type(f) -> tuple[type, bool]:
+    """(the value's type, whether it may be None) of a field typed X or X | None."""
+    args = [a for a in typing.get_args(f.type) if a is not type(None)]
+    return (args[0], True) if args else (f.type, False)
+
+
+def text_parser(kind: type, optional: bool):
+    def parse(text):
+        return None if optional and text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__ + (" or none" if optional else "")   # argparse names it in its errors
+    return parse
+
+
+def add_flags(p, cls):
+    """One flag per field of `cls`, in a help section of its own; unset flags stay out of the namespace."""
+    group = p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0])
+    for dest, f in flat_fields(cls):
+        kind, optional = value_type(f)
+        shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
+        for name, (as_actor, as_extractor) in PRESETS.items():
+            preset = {**as_actor, **as_extractor}
+            if dest in preset:
+                shown.append(f"{name}: {'none' if preset[dest] is None else preset[dest]}")
+        text = f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
+        kw = dict(dest=dest, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = text_parser(kind, optional)
+            choices = f.metadata.get("choices")
+            kw["metavar"] = "{" + ",".join(choices) + "}" if choices else kind.__name__.upper()
+        group.add_argument(flag_name(dest, f), **kw)

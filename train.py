@@ -20,7 +20,6 @@ import math
 import os
 import sys
 import time
-import typing
 import warnings
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ import crl
 import envs
 import parallel
 import rundir
+from rundir import add_flags, flag_name, flat_fields
 from bank import ExperienceBank, ExperienceManager
 from crl import setting
 from hf import PACKAGED, Embedder, checkpoint_dir, load_tokenizer
@@ -105,53 +105,6 @@ def presets(given: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------
 # The command line, generated from the fields of RunConfig and crl.CRLConfig
-
-def flat_fields(cls, prefix=""):
-    """(dest, field) for every setting of `cls`; a nested config's fields get its name as prefix."""
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(f.type):
-            yield from flat_fields(f.type, prefix + f.name + "_")
-        else:
-            yield prefix + f.name, f
-
-
-def flag_name(dest: str, f) -> str:
-    return "--" + dest.replace(f.name, f.metadata.get("flag", f.name)).replace("_", "-")
-
-
-def value_type(f) -> tuple[type, bool]:
-    """(the value's type, whether it may be None) of a field typed X or X | None."""
-    args = [a for a in typing.get_args(f.type) if a is not type(None)]
-    return (args[0], True) if args else (f.type, False)
-
-
-def text_parser(kind: type, optional: bool):
-    def parse(text):
-        return None if optional and text.lower() == "none" else kind(text)
-    parse.__name__ = kind.__name__ + (" or none" if optional else "")   # argparse names it in its errors
-    return parse
-
-
-def add_flags(p, cls):
-    """One flag per field of `cls`, in a help section of its own; unset flags stay out of the namespace."""
-    group = p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0])
-    for dest, f in flat_fields(cls):
-        kind, optional = value_type(f)
-        shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
-        for name, (as_actor, as_extractor) in PRESETS.items():
-            preset = {**as_actor, **as_extractor}
-            if dest in preset:
-                shown.append(f"{name}: {'none' if preset[dest] is None else preset[dest]}")
-        text = f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
-        kw = dict(dest=dest, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
-        if kind is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"] = text_parser(kind, optional)
-            choices = f.metadata.get("choices")
-            kw["metavar"] = "{" + ",".join(choices) + "}" if choices else kind.__name__.upper()
-        group.add_argument(flag_name(dest, f), **kw)
-
 
 def check(p, args):
     """A one-line error for a value out of its field's range, or a combination that cannot run."""

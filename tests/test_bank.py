@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import bank as B
+import bank_store
 from bank import Entry, ExperienceBank, ExperienceManager, Operation
 from hf import Embedder, default_embedder_path
 
@@ -310,7 +311,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
     assert sorted(p.name for p in (tmp_path / "bank").iterdir()) == ["entries.jsonl", "keys.safetensors",
                                                                       "meta.json"]
     got = ExperienceBank.load(tmp_path / "bank")
-    settings = ("dim", "capacity", "candidates", *B.RERANK)
+    settings = ("dim", "capacity", "candidates", *bank_store.RERANK)
     assert [getattr(got, k) for k in settings] == [getattr(bank, k) for k in settings]
     same_layout(got, bank)
     check_consistent(got)
@@ -377,7 +378,7 @@ def test_a_bank_saved_before_the_rank_scale_rerank_loads(tmp_path):
     with pytest.warns(UserWarning, match="before the release's rank-scale re-rank"):
         got = ExperienceBank.load(tmp_path / "b")
     check_consistent(got)
-    assert [getattr(got, k) for k in B.RERANK] == [getattr(B.BankConfig, k) for k in B.RERANK]
+    assert [getattr(got, k) for k in bank_store.RERANK] == [getattr(B.BankConfig, k) for k in bank_store.RERANK]
     for task in bank.tasks():
         assert [(e.id, e.text, e.uses, e.shown) for e in got.entries(task)] == \
             [(e.id, e.text, e.uses, e.uses) for e in bank.entries(task)]
