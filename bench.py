@@ -1,8 +1,9 @@
 """Benchmarks: each prints our figure beside a reference measured in the same run, and their ratio.
 
   python bench.py generate  model.generate vs transformers' generate, tokens/s (same random ~25M-param Qwen3
-                            checkpoint, sampling at temperature 1, every row forced to the full length); and a
-                            multi-turn session with the KV cache kept across turns vs re-prefilling the history
+                            checkpoint, or SmolLM2-135M's shape with `--shape smollm2`, in `--dtype`; sampling at
+                            temperature 1, every row forced to the full length); and a multi-turn session
+                            with the KV cache kept across turns vs re-prefilling the history
   python bench.py train     token_logprobs forward + backward vs transformers' forward + log-softmax gather +
                             backward: time, and peak memory (growth of peak RSS), each side in a fresh process
   python bench.py bank      ExperienceBank.search p50/p99 (32 queries, 1k/20k/100k entries x 384-d) vs a numpy
@@ -21,7 +22,10 @@
                             groups): the cost of co-evolving the extractor and the bank, split by phase; with
                             `--compare distill`, distillation inline vs on the bank's thread during the actor
                             update; with `--compare memo`, the embedder's memo of texts on vs off (every
-                            retrieval key and lesson embedded anew, the path before); also under
+                            retrieval key and lesson embedded anew, the path before); with `--compare dtype`,
+                            fp32 vs bf16 compute (`--extra "--actor smollm2 --extractor smollm2"` for the
+                            preset's models; ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 stand in for a CPU
+                            without AVX-512); also under
                             `torchrun --nproc_per_node N bench.py step ...` (DDP)
 
 `python bench.py SUBCOMMAND -h` lists its options.
@@ -89,11 +93,22 @@ BENCH_CONFIG = dict(architectures=["Qwen3ForCausalLM"], vocab_size=32000, hidden
                     eos_token_id=None, bos_token_id=None, pad_token_id=0)
 
 
-def _checkpoint(path: str) -> str:
+def _checkpoint(path: str, shape: str = "qwen3-25m") -> str:
+    """The benchmark checkpoint at `path`, written on first use: the ~25M Qwen3 (random, our tiny_model's init)
+    or SmolLM2-135M's shape (transformers' random Llama init, bf16)."""
     from small.tiny import tiny_model
     if not os.path.exists(os.path.join(path, "config.json")):
-        tiny_model(seed=0, **BENCH_CONFIG).save_pretrained(path)
+        if shape == "smollm2":
+            _random_checkpoint(SMOLLM2_135M, path, "llama")
+        else:
+            tiny_model(seed=0, **BENCH_CONFIG).save_pretrained(path)
     return path
+
+
+def _cpu_kind() -> str:
+    """What the CPU computes with, as torch sees it (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA can lower it)."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return f"cpu capability {torch.backends.cpu.get_cpu_capability()}" + (f", oneDNN ISA <= {isa}" if isa else "")
 
 
 def _quiet_transformers():
@@ -110,26 +125,33 @@ def _hf_model(path, dtype=torch.float32):
 
 def bench_generate(a):
     from model import Session, Transformer, generate
-    path = _checkpoint(a.ckpt)
-    ours, hf = Transformer.from_pretrained(path), _hf_model(path)
+    path = _checkpoint(a.ckpt or os.path.join(tempfile.gettempdir(), f"crl_bench_{a.shape.replace('-', '_')}"), a.shape)
+    dtype = getattr(torch, a.dtype)
+    ours, hf = Transformer.from_pretrained(path, dtype=dtype), _hf_model(path, dtype)
     V = ours.config.vocab_size
-    print(f"checkpoint: Qwen3 {ours.num_params() / 1e6:.1f}M params, vocab {V}; torch threads "
-          f"{torch.get_num_threads()}")
+    print(f"checkpoint: {a.shape} shape, {ours.num_params() / 1e6:.1f}M params, vocab {V}, {a.dtype}; "
+          f"{_cpu_kind()}, torch threads {torch.get_num_threads()}")
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, V, (a.batch, a.prompt), generator=g)
     generate(ours, prompts[:2, :8].tolist(), 4, seed=0)  # warm-up
     with torch.no_grad():
         hf.generate(prompts[:2, :8], attention_mask=torch.ones(2, 8, dtype=torch.long), max_new_tokens=4,
                     do_sample=True, top_k=0)
-    out, t_ours = _timed(lambda: generate(ours, prompts.tolist(), a.new, temperature=1.0, seed=0))
-    assert all(len(s.tokens) == a.new for s in out)
-    with torch.no_grad():
-        ref, t_hf = _timed(lambda: hf.generate(prompts, attention_mask=torch.ones_like(prompts),
-                                               max_new_tokens=a.new, min_new_tokens=a.new, do_sample=True,
-                                               temperature=1.0, top_k=0, top_p=1.0))
-    assert ref.shape == (a.batch, a.prompt + a.new)
+    t_ours, t_hf = [], []
+    for _ in range(a.reps):   # alternated, each side's median: a shared machine drifts by 10-20% between runs
+        out, dt = _timed(lambda: generate(ours, prompts.tolist(), a.new, temperature=1.0, seed=0))
+        t_ours.append(dt)
+        assert all(len(s.tokens) == a.new for s in out)
+        with torch.no_grad():
+            ref, dt = _timed(lambda: hf.generate(prompts, attention_mask=torch.ones_like(prompts),
+                                                 max_new_tokens=a.new, min_new_tokens=a.new, do_sample=True,
+                                                 temperature=1.0, top_k=0, top_p=1.0))
+        t_hf.append(dt)
+        assert ref.shape == (a.batch, a.prompt + a.new)
+    t_ours, t_hf = statistics.median(t_ours), statistics.median(t_hf)
     n = a.batch * a.new
-    print(f"generate  batch {a.batch} x prompt {a.prompt} + {a.new} sampled tokens (prefill included)")
+    print(f"generate  batch {a.batch} x prompt {a.prompt} + {a.new} sampled tokens (prefill included), median of "
+          f"{a.reps}")
     print(f"  ours          {n / t_ours:9.1f} tok/s  ({t_ours:.2f} s)")
     print(f"  transformers  {n / t_hf:9.1f} tok/s  ({t_hf:.2f} s)")
     print(f"  ratio         {t_hf / t_ours:9.2f} x")
@@ -841,7 +863,7 @@ def _print_train_mfu(a, name, train, flops, peaks, matmuls):
 # ---------------------------------------------------------------------------------------------------------
 # step: one training iteration with the extractor and bank (crl) against the actor alone (grpo)
 
-STEP_PARTS = ("generate", "env", "update", "extractor", "extractor_update")
+STEP_PARTS = ("generate", "env", "update", "extractor", "extractor_update", "merge")
 
 
 def bench_step(a):
@@ -858,6 +880,8 @@ def bench_step(a):
         variants = {"inline": ["--distill", "inline"], "background": ["--distill", "background"]}
     if a.compare == "memo":      # the embedder: each text embedded once, or every time it is asked for
         variants = {"recomputed": ["--mode", "crl"], "memo": ["--mode", "crl"]}
+    if a.compare == "dtype":     # the number format of forward, backward and rollouts (master weights stay fp32)
+        variants = {"float32": ["--dtype", "float32"], "bfloat16": ["--dtype", "bfloat16"]}
     res = {}
     for mode, flags in variants.items():
         args = train.parse_args([*argv, *flags])
@@ -866,23 +890,25 @@ def bench_step(a):
         if run.manager is not None and mode == "recomputed":
             run.manager.embedder.memo_size = 0
         rows = []
-        for step in range(a.iters):
+        for step in range(a.skip + a.iters):   # the first iterations pay for allocations and kernel set-up
             metrics, dt = _timed(lambda: crl.train_step(run, step))
-            rows.append({"iteration": dt, **{p: metrics[f"time/{p}"] for p in STEP_PARTS}, "turns": metrics["turns"]})
+            if step >= a.skip:
+                rows.append({"iteration": dt, **{p: metrics[f"time/{p}"] for p in STEP_PARTS}, "turns": metrics["turns"]})
         if run.manager is not None:
             run.manager.close()
         res[mode] = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
         res[mode]["bank size"] = metrics["bank_size"]
     if crl.rank() > 0:
         return
-    print(f"train_step, {args.actor} actor and extractor ({device}, {torch.get_num_threads()} threads, "
-          f"{crl.world()} rank(s)), tasks {a.tasks}, {a.groups} groups x {a.group_size}, actor warm-up {a.warmup}: "
-          f"seconds per iteration, mean of {a.iters}\n(with background distillation the extractor's parts overlap "
+    print(f"train_step, {args.actor} actor and extractor ({device}{', ' + _cpu_kind() if device.type == 'cpu' else ''}, "
+          f"{torch.get_num_threads()} threads, {crl.world()} rank(s)), tasks {a.tasks}, {a.groups} groups x "
+          f"{a.group_size}, actor warm-up {a.warmup}: seconds per iteration, mean of {a.iters} after {a.skip} untimed"
+          f"\n(with background distillation the extractor's parts overlap "
           f"the actor update; episode length, in mean turns, differs between modes)")
     cols = ("iteration", *STEP_PARTS, "turns")
     w = {c: max(len(c), 7) + 2 for c in cols}
     new, ref = {"mode": ("crl", "grpo"), "distill": ("background", "inline"),
-                "memo": ("memo", "recomputed")}[a.compare]
+                "memo": ("memo", "recomputed"), "dtype": ("bfloat16", "float32")}[a.compare]
     lw = len(new + "/" + ref)
     print(f"  {'':{lw}s}" + "".join(f"{c:>{w[c]}s}" for c in cols) + "  bank size")
     for mode in variants:
@@ -899,8 +925,9 @@ def parse_args(argv=None):
 
     def model_parser(name, help, train_one=False):
         s = sub.add_parser(name, help=help) if help else sub.add_parser(name)
-        s.add_argument("--ckpt", default=os.path.join(tempfile.gettempdir(), "crl_bench_qwen3_25m"),
-                       help="benchmark checkpoint directory (written on first use)")
+        s.add_argument("--ckpt", default=None if name == "generate" else
+                       os.path.join(tempfile.gettempdir(), "crl_bench_qwen3_25m"),
+                       help="benchmark checkpoint directory (written on first use; generate: one per --shape)")
         s.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
         s.add_argument("--batch", type=int, default=16)
         if name != "generate":
@@ -910,6 +937,10 @@ def parse_args(argv=None):
         return s
 
     g = model_parser("generate", "model.generate vs transformers' generate; multi-turn KV reuse vs re-prefill")
+    g.add_argument("--shape", choices=["qwen3-25m", "smollm2"], default="qwen3-25m",
+                   help="the random checkpoint: a ~25M Qwen3, or SmolLM2-135M's shape (the preset's actor)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights and compute, both sides")
+    g.add_argument("--reps", type=int, default=3, help="generate runs per side, alternated (the median is shown)")
     g.add_argument("--prompt", type=int, default=256, help="prompt tokens")
     g.add_argument("--new", type=int, default=128, help="sampled tokens")
     g.add_argument("--turns", type=int, default=30, help="session turns")
@@ -947,13 +978,14 @@ def parse_args(argv=None):
     s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), "
                                     "distillation inline vs in the background, or the embedder with and "
                                     "without its memo")
-    s.add_argument("--compare", choices=["mode", "distill", "memo"], default="mode",
+    s.add_argument("--compare", choices=["mode", "distill", "memo", "dtype"], default="mode",
                    help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; memo: mode "
-                        "crl, the embedder's memo of texts on vs off")
+                        "crl, the embedder's memo of texts on vs off; dtype: --dtype float32 vs bfloat16")
     s.add_argument("--tasks", default="room")
     s.add_argument("--groups", type=int, default=2)
     s.add_argument("--group-size", type=int, default=8)
     s.add_argument("--iters", type=int, default=2, help="timed iterations per mode")
+    s.add_argument("--skip", type=int, default=1, help="untimed iterations first (allocations, kernel set-up)")
     s.add_argument("--warmup", type=int, default=0, help="actor warm-up iterations (train.py's --warmup)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

@@ -180,12 +180,14 @@ def full_weights(run, actor: bool = True, extractor: bool = True):
 # ---------------------------------------------------------------------------------------------------------
 # The update
 
-def autocast(model):
-    """bf16 compute on fp32 masters without FSDP (a sharded model casts through its MixedPrecisionPolicy)."""
+def autocast(model, enabled: bool = True):
+    """bf16 compute on fp32 masters without FSDP (a sharded model casts through its MixedPrecisionPolicy).
+    enabled=False, inside an enabled one: full precision again, and the outer context's casts of the weights
+    stay cached (torch clears them when the outermost context ends)."""
     dtype = compute_dtype(model)
     if dtype == model.dtype or is_sharded(model):
         return nullcontext()
-    return torch.autocast(model.device.type, dtype=dtype)
+    return torch.autocast(model.device.type, dtype=dtype, enabled=enabled)
 
 
 def match_microbatches(model, mine: int):
@@ -387,22 +389,23 @@ def backward_micro_batches(run, update: Update, segments: list, advantages: list
     batches = micro_batches([len(s.tokens) for s in segments], cfg.micro_batch, cfg.micro_tokens)
     device = next(model.parameters()).device
     match_microbatches(model, len(batches))
-    for idx in batches:
-        batch = [segments[j] for j in idx]
-        tokens, mask, old = pad_segments(batch, device)
-        adv = torch.tensor([advantages[j] for j in idx], device=device)
-        seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
-        with autocast(model):
+    with autocast(model):   # one context for the step: each weight is cast to bf16 once, not once a micro-batch
+        for idx in batches:
+            batch = [segments[j] for j in idx]
+            tokens, mask, old = pad_segments(batch, device)
+            adv = torch.tensor([advantages[j] for j in idx], device=device)
+            seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
             logp = token_logprobs(model, tokens, mask, temperature=sampling.temperature, top_k=sampling.top_k,
                                   top_p=sampling.top_p, allowed=[s.allowed for s in batch])
-        loss = update.loss(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
-        loss.backward()
-        with torch.no_grad():
-            ratio = torch.exp(logp - old)[mask]
-            sums["loss"] += loss.item()
-            sums["ratio"] += ratio.sum().item()
-            sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
-            sums["tokens"] += ratio.numel()
+            with autocast(model, enabled=False):   # the loss, the backward and the statistics in full precision
+                loss = update.loss(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
+                loss.backward()
+                with torch.no_grad():
+                    ratio = torch.exp(logp - old)[mask]
+                    sums["loss"] += loss.item()
+                    sums["ratio"] += ratio.sum().item()
+                    sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
+                    sums["tokens"] += ratio.numel()
     return sums
 
 

@@ -1,13 +1,15 @@
 """Decode attention: one new query token per row against that row's KV cache (grouped-query attention,
 ragged cache lengths, rows addressed by index into a preallocated cache).
 
-`decode_attention_ref` is the spec (plain torch); `decode_attention_triton` runs one Triton program per
+`decode_attention_ref` is the spec (plain torch); `decode_attention_sdpa` the same through torch's fused
+attention (the CPU path in bf16); `decode_attention_triton` runs one Triton program per
 (query row, kv head) that serves all the query heads sharing that kv head, so each cache block is read
 once per group, and walks the row's valid cache in blocks with an online softmax and matrix-unit dot
 products (flash-decoding style, without the split across programs). `decode_attention` (imported by model.py) picks between them.
 """
 import math
 import torch
+import torch.nn.functional as F
 
 from kernels._triton import check_runnable, tl, triton
 
@@ -20,13 +22,37 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     Hkv = k_cache.shape[1]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     n = int(lengths.max())
-    k = k_cache[rows, :, :n].float()                         # [B, Hkv, n, D]
-    v = v_cache[rows, :, :n].float()
+    k = cache_rows(k_cache, rows, n).float()                 # [B, Hkv, n, D]
+    v = cache_rows(v_cache, rows, n).float()
     qg = q.float().view(B, Hkv, Hq // Hkv, D)                # query heads grouped by their kv head (GQA)
     s = (qg @ k.transpose(-1, -2)) * scale                   # [B, Hkv, G, n]
     valid = torch.arange(n, device=q.device)[None, :] < lengths[:, None]
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     return (s.softmax(-1) @ v).reshape(B, Hq, D).to(q.dtype)
+
+
+def decode_attention_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Same contract, through torch's fused attention on the cache in its own dtype (it accumulates in fp32):
+    on CPU the reference's fp32 copy of a bf16 cache costs more than the attention. The query heads that share
+    a kv head stand as that head's queries, so each cache block is read once per group."""
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    n = int(lengths.max())
+    valid = torch.arange(n, device=q.device)[None, :] < lengths[:, None]
+    o = F.scaled_dot_product_attention(q.view(B, Hkv, Hq // Hkv, D), cache_rows(k_cache, rows, n),
+                                       cache_rows(v_cache, rows, n), attn_mask=valid[:, None, None, :], scale=scale)
+    return o.reshape(B, Hq, D)
+
+
+def cache_rows(cache: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """cache[rows, :, :n]: a view where the rows are consecutive (a batch's usual case), else a copy of those
+    rows' first n positions. Indexing with a tensor and a slice at once takes a slow gather on CPU (a 25M
+    model's decode spent a fifth of its time there)."""
+    r0 = int(rows[0])
+    if torch.equal(rows, torch.arange(r0, r0 + len(rows), device=rows.device)):
+        return cache[r0:r0 + len(rows), :, :n]
+    return cache[:, :, :n].index_select(0, rows)
 
 
 if triton is not None:  # the Triton half; absent where Triton is not installed
@@ -110,8 +136,11 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
 
 def decode_attention(q, k_cache, v_cache, rows, lengths, scale=None):
     """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward; decoding never
-    needs one), the torch reference otherwise."""
+    needs one); otherwise the torch reference in fp32 (the same numbers as ever) and torch's fused attention in
+    a narrower dtype (the reference's fp32 copy of the cache was half of a bf16 SmolLM2 decode step on CPU)."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
     if q.is_cuda and triton is not None and not needs_grad:
         return decode_attention_triton(q, k_cache, v_cache, rows, lengths, scale)
+    if q.dtype != torch.float32:
+        return decode_attention_sdpa(q, k_cache, v_cache, rows, lengths, scale)
     return decode_attention_ref(q, k_cache, v_cache, rows, lengths, scale)

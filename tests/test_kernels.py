@@ -219,6 +219,29 @@ def test_decode_attention_reference_is_sdpa():
         torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [[4, 0, 2], [1, 2, 3]])   # scattered rows (a copy), consecutive ones (a view)
+def test_decode_attention_cpu_paths(dtype, rows):
+    """The CPU paths against the spec: in fp32 decode_attention is the reference itself (a run's numbers are
+    what they were), in bf16 torch's fused attention, one rounding step from the reference's fp32 math."""
+    g = torch.Generator().manual_seed(8)
+    k, v = _cache(g, dtype, Hkv=3)
+    q = torch.randn(3, 6, 24, generator=g).to(dtype)
+    rows, lengths = torch.tensor(rows), torch.tensor([1, 5, 33])
+    want = da.decode_attention_ref(q, k, v, rows, lengths)
+    got = da.decode_attention(q, k, v, rows, lengths)
+    assert got.dtype == dtype and got.shape == q.shape
+    if dtype == torch.float32:
+        assert torch.equal(got, want)
+    close(da.decode_attention_sdpa(q, k, v, rows, lengths), want, dtype)
+    for i, (r, n) in enumerate(zip(rows.tolist(), lengths.tolist())):   # the spec, one row at a time
+        kk, vv = (t[r, :, :n].float().repeat_interleave(2, dim=0) for t in (k, v))
+        close(got[i], F.scaled_dot_product_attention(q[i].float()[:, None], kk, vv)[:, 0].to(dtype), dtype)
+    view = da.cache_rows(k, rows, 7)
+    assert torch.equal(view, k[rows, :, :7])
+    assert (view.data_ptr() == k[1].data_ptr()) == (rows.tolist() == [1, 2, 3])   # consecutive rows: no copy
+
+
 # ---------------------------------------------------------------- selective log-softmax
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [None, 256])  # V = 1000 in one block / four blocks

@@ -12,7 +12,7 @@ import torch
 
 import crl
 import parallel
-from model import generate, rope_inv_freq
+from model import generate, rope_inv_freq, token_logprobs
 from test_train import FAST, _torchrun, bound_loss, fixed_segments, read_metrics, single_process_update, strip_times
 from small.tiny import tiny_model
 
@@ -55,6 +55,28 @@ def test_fp32_masters_with_bf16_compute_update_like_fp32():
     assert copy.dtype == torch.bfloat16 and not any(p.requires_grad for p in copy.parameters())
     a, b = (generate(m, [[1, 2, 3]], 6, generator=torch.Generator().manual_seed(0)) for m in (copy, cast))
     assert a[0].tokens == b[0].tokens and a[0].logprobs == b[0].logprobs
+
+
+def test_bf16_update_gradients_equal_the_plain_autocast_recipe():
+    """The update keeps one autocast context for all its micro-batches (each weight cast to bf16 once a step) and
+    leaves it for the loss and the backward: its gradients are exactly torch's plain recipe, a forward under
+    autocast and the loss and backward outside it, micro-batch by micro-batch."""
+    model = parallel.prepare(tiny_model(seed=0), torch.device("cpu"), torch.bfloat16)
+    segs, advs = fixed_segments(tiny_model(seed=0))
+    loss_fn, clip = bound_loss("grpo")
+    holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
+    denoms = dict(num_seqs=float(len(segs)))
+    parallel.backward_micro_batches(holder, crl.Update(model, None, loss_fn, clip), segs, advs, denoms)
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    for idx in parallel.micro_batches([len(s.tokens) for s in segs], 2, None):
+        tokens, mask, old = parallel.pad_segments([segs[j] for j in idx], "cpu")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp = token_logprobs(model, tokens, mask, allowed=[segs[j].allowed for j in idx])
+        seq_tokens = torch.tensor([float(max(sum(segs[j].mask), 1)) for j in idx])
+        loss_fn(logp, old, torch.tensor([advs[j] for j in idx]), mask, **denoms, seq_tokens=seq_tokens).backward()
+    assert len(parallel.micro_batches([len(s.tokens) for s in segs], 2, None)) == 3
+    assert all(torch.equal(a, p.grad) for a, p in zip(ours, model.parameters()))
 
 
 @pytest.fixture(scope="module")
