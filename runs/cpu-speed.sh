@@ -3,8 +3,10 @@
 # grid's flags, and room; 4 groups x 8), and decode against transformers' generate (batch 16), each on this CPU as
 # it is and with torch held to AVX2 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2: a CPU without AVX-512 or
 # native bf16, as most laptops). Produced at the commit after 6109044 on a 2-core Xeon with AVX-512 BF16 and AMX,
-# nothing else running. The room in bf16 under AVX2 is left out: the vault's bf16 iteration took 348 s there.
-# The before/after files time the previous commit's code beside this one (a worktree of 6109044 with this bench.py).
+# nothing else running (the committed step-table.txt's AVX-512 rows ran before the update's cast cache, its AVX2
+# rows with it). The room in bf16 under AVX2 is left out: the vault's bf16 iteration took 348 s there. The committed
+# generate.txt (one run each, before --reps) and step-before-after.txt also time 6109044's code, from a worktree of
+# it with this bench.py copied in; ab.txt holds the alternated comparisons (results/cpu-speed/ab-*.py).
 # Usage, from anywhere: bash runs/cpu-speed.sh [ROOT]   writes ROOT/cpu-speed/ (default ROOT: runs/rebuild)
 set -euo pipefail
 cd "$(dirname "$0")/.."
