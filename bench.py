@@ -976,8 +976,8 @@ def parse_args(argv=None):
                         help=f"default {v} ({SMALL_SIZES[k]} with --small)")
 
     s = sub.add_parser("step", help="seconds per crl.train_step, mode crl vs mode grpo (tiny preset), "
-                                    "distillation inline vs in the background, or the embedder with and "
-                                    "without its memo")
+                                    "distillation inline vs in the background, the embedder with and "
+                                    "without its memo, or fp32 vs bf16 compute")
     s.add_argument("--compare", choices=["mode", "distill", "memo", "dtype"], default="mode",
                    help="mode: crl vs grpo; distill: mode crl with --distill inline vs background; memo: mode "
                         "crl, the embedder's memo of texts on vs off; dtype: --dtype float32 vs bfloat16")
