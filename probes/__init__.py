@@ -11,7 +11,8 @@ in results/README.md and results/probes.md.
     pool_lessons    a finite-pool run's lessons per pool instance (p6)
     judge           P(accept) of right and wrong lessons: can an actor judge a lesson? (each preset's --judge)
     merge_cost      one whole-bank merge pass at a run's bank size, timed (--merge-chunks)
-    vault_controls  the vault with an oracle and a shuffled bank: does the actor use the answer?
+    vault_controls  the vault with an oracle and a shuffled bank: does the actor use the answer? does it win again
+                    what it won once, and can a lesson after a loss (the locked doors) help it?
     vault_lessons   a vault run's lessons against each vault's door
     vault_forms     can the untrained extractor read the opened door off an episode, in three prompt forms?
     cispo_vault     can CISPO alone teach the extractor to name the opened door (fresh vaults, a scripted follower)?

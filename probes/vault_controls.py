@@ -9,10 +9,13 @@ vault and its door):
 Each bank is read by crl's evaluation (retrieval, judgement, rollout) and the probe reports success with and
 without the lesson, how often the first door tried is the lesson's, and the retrieval's same-instance share.
 Without memory the best success is 3/8 (envs.VAULT_MEMORYLESS_BEST); an actor that follows the oracle wins
-every time it does. Last, the extractor's side: from scripted won and lost episodes, how often its lesson names
+every time it does. Then what a lesson written after a win can add: each vault played `--replays` times without
+experience; P(a replay wins | another replay of the same vault won) near 1 means the actor wins again what it
+won once, whatever a lesson says. Last, the extractor's side: from scripted won and lost episodes, how often its lesson names
 the door that opened (a won one), or one of the wrong doors tried (a lost one).
 """
 import argparse
+import collections
 
 import crl
 import envs
@@ -28,25 +31,40 @@ def lesson(cfg, env, door: str) -> str:
 def vault_bank(run, instances: int, shift: int) -> tuple[ExperienceBank, list[str]]:
     """One lesson per held-out vault: the secret of vault (j + shift) mod N, keyed by vault j's query."""
     games = [envs.make("vault") for _ in range(instances)]
-    queries = [crl.retrieval_query(env, env.reset(seed=crl.EVAL_SEED0 + j)) for j, env in enumerate(games)]
+    for j, env in enumerate(games):
+        env.reset(seed=crl.EVAL_SEED0 + j)
+    told = [games[(j + shift) % instances].secret for j in range(instances)]
+    texts = {crl.EVAL_SEED0 + j: lesson(run.cfg, games[j], door) for j, door in enumerate(told)}
+    return bank_of(run, texts, origin_shift=shift, instances=instances), told
+
+
+def bank_of(run, texts: dict, origin_shift: int = 0, instances: int = 0) -> ExperienceBank:
+    """A bank with one lesson for each vault seed in `texts`, keyed by that vault's retrieval query; its origin
+    is the vault `origin_shift` places on (mod `instances`), whose door a shifted lesson names."""
+    games = [envs.make("vault") for _ in texts]
+    queries = [crl.retrieval_query(env, env.reset(seed=seed)) for seed, env in zip(texts, games)]
     bank = ExperienceBank(run.manager.bank.dim)
-    keys = run.manager.embed(queries)
-    bank.apply([Operation("add", "vault", lesson(run.cfg, games[j], games[(j + shift) % instances].secret),
-                          key=keys[j], origin=crl.EVAL_SEED0 + (j + shift) % instances) for j in range(instances)])
-    return bank, [games[(j + shift) % instances].secret for j in range(instances)]
+    origin = [seed if not origin_shift else crl.EVAL_SEED0 + (seed - crl.EVAL_SEED0 + origin_shift) % instances
+              for seed in texts]
+    bank.apply([Operation("add", "vault", text, key=key, origin=o)
+                for text, key, o in zip(texts.values(), run.manager.embed(queries), origin)])
+    return bank
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", help="a run directory: its flags (args.json) and its trained models (ckpt/)")
     p.add_argument("--instances", type=int, default=64)
+    p.add_argument("--replays", type=int, default=8, help="plays of each vault without experience (0: none)")
     mine, rest = p.parse_known_args(argv)
     args = train.parse_args([*rest, "--out", mine.run, "--resume"] if mine.run else [*rest, "--tasks", "vault"])
     device = train.setup_distributed(args)
     run, _ = train.build(args, device, train.model_dtype(args, device))
-    if run.manager is None:
-        raise SystemExit("vault_controls needs a run with a bank: --mode crl, static or exp-only")
     run.timer, run.counters = {}, {}
+    plays = replays(run, mine.run or args.actor, mine.instances, mine.replays) if mine.replays > 1 else []
+    if run.manager is None:
+        print("no bank (grpo): the oracle and shuffled banks and the extractor's side are skipped")
+        return
     secrets = [(env.reset(seed=crl.EVAL_SEED0 + j), env.secret)[1] for j, env in
                enumerate(envs.make("vault") for _ in range(mine.instances))]
     for name, shift in (("oracle", 0), ("shuffled", 1)):
@@ -62,8 +80,55 @@ def main(argv=None):
               f"{mine.instances} held-out vaults: success with the lesson {m['eval/vault/success_exp']:.3f}, without "
               f"{m['eval/vault/success_noexp']:.3f}; first door = the lesson's {follow:.3f}; same-instance "
               f"retrieval {m['retrieval/same_instance']:.3f}")
+    if plays:
+        after_a_loss(run, mine.run or args.actor, plays, mine.replays)
     extractor_check(run, mine.run or args.extractor, mine.instances)
     run.manager.close()
+
+
+def replays(run, name: str, instances: int, times: int):
+    """Each held-out vault played `times` times without experience: how alike the plays of one vault are."""
+    specs = [("vault", crl.EVAL_SEED0 + j, j, False) for _ in range(times) for j in range(instances)]
+    eps = crl.play_held_out(run, specs, crl.EVAL_STEP)
+    wins = [sum(e.success for e in eps if e.group == j) for j in range(instances)]
+    again = win_again(wins, times)
+    first = collections.Counter(moves(e)[0] if moves(e) else "" for e in eps).most_common(1)[0]
+    print(f"{name} actor, {instances} held-out vaults played {times} times each without experience: success "
+          f"{sum(wins) / len(eps):.3f}; P(a play wins | another play of the vault won) {again:.3f}; vaults never won "
+          f"{wins.count(0) / instances:.3f}, always won {wins.count(times) / instances:.3f}; the commonest first "
+          f"door {first[0]!r} in {first[1] / len(eps):.3f} of plays")
+    return eps
+
+
+def win_again(wins: list[int], times: int) -> float:
+    """P(a play wins | another play of the same vault won), from each vault's wins in `times` plays: over the
+    ordered pairs of distinct plays of one vault whose first won, the share whose second won too."""
+    pairs = sum(w * (times - 1) for w in wins)
+    return sum(w * (w - 1) for w in wins) / pairs if pairs else float("nan")
+
+
+def after_a_loss(run, name: str, plays: list, times: int):
+    """What a lesson written after a loss could tell the actor: each vault that one of `plays` lost, with that
+    play's locked doors as its lesson (`locked: ...`), or the doors it did not try (`try: ...`), played `times`
+    times; against the same vaults' plays without experience."""
+    lost = {}
+    for e in plays:
+        if not e.success and e.seed not in lost:
+            lost[e.seed] = list(dict.fromkeys(m for m in moves(e) if m in envs.Vault.actions))
+    if not lost:
+        return
+    without = [e.success for e in plays if e.seed in lost]
+    forms = (lambda doors: "locked: " + ", ".join(doors),
+             lambda doors: "try: " + ", ".join(d for d in envs.Vault.actions if d not in doors))
+    for text in forms:
+        run.manager.bank = bank_of(run, {seed: text(doors) for seed, doors in lost.items()})
+        eps = crl.play_held_out(run, [("vault", s, s - crl.EVAL_SEED0, True) for _ in range(times) for s in lost],
+                                crl.EVAL_STEP)
+        first = [moves(e)[0] if moves(e) else "" for e in eps]
+        listed = sum(f in lost[e.seed] for f, e in zip(first, eps)) / len(eps)
+        print(f"{name} actor, the {len(lost)} vaults a play lost, each told the locked doors of that play as "
+              f"'{text(['north', 'east', 'west'])}': success {sum(e.success for e in eps) / len(eps):.3f} "
+              f"(without {sum(without) / len(without):.3f}); first door a locked one {listed:.3f}")
 
 
 def scripted_episode(seed: int, won: bool, shown: str | None = None, rng=None) -> crl.Episode:

@@ -3,6 +3,7 @@ are checked against independent references: `probes.policy` against a softmax ov
 here, and the lesson viewer's counts against the bank itself."""
 import argparse
 import json
+import math
 import os
 import re
 import threading
@@ -114,13 +115,22 @@ def test_judge_probe(capsys):
 
 def test_vault_controls(capsys):
     """The oracle bank names every vault's door and is retrieved for its own vault; the shuffled one is not."""
-    vault_controls.main(["--instances", "6"])
+    vault_controls.main(["--instances", "6", "--replays", "2"])
     out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if "played 2 times each without experience" in line]) == 1
+    assert len([line for line in out if "a play lost, each told the locked doors" in line]) in (0, 2)
     oracle, shuffled = [line for line in out if " bank (" in line]
     assert "oracle bank (1.000 of its lessons name the right door)" in oracle
     assert oracle.endswith("same-instance retrieval 1.000") and shuffled.endswith("same-instance retrieval 0.000")
     won, lost = [line for line in out if " extractor, 6 " in line]
     assert "won vault episodes" in won and "lost vault episodes" in lost
+
+
+def test_win_again_counts_pairs_of_plays_of_one_vault():
+    """Wins in 4 plays of 3 vaults, 4, 0 and 2: of the 6 * 3 ordered pairs whose first play won, 4 * 3 + 2 * 1
+    have a winning second play; a vault never won adds no pair; no win at all gives nan."""
+    assert vault_controls.win_again([4, 0, 2], 4) == (12 + 2) / 18
+    assert vault_controls.win_again([1, 1], 4) == 0.0 and math.isnan(vault_controls.win_again([0, 0], 4))
 
 
 def test_scripted_vault_episodes_win_and_lose_as_scripted():
