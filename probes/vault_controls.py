@@ -11,8 +11,9 @@ without the lesson, how often the first door tried is the lesson's, and the retr
 Without memory the best success is 3/8 (envs.VAULT_MEMORYLESS_BEST); an actor that follows the oracle wins
 every time it does. Then what a lesson written after a win can add: each vault played `--replays` times without
 experience; P(a replay wins | another replay of the same vault won) near 1 means the actor wins again what it
-won once, whatever a lesson says. Last, the extractor's side: from scripted won and lost episodes, how often its lesson names
-the door that opened (a won one), or one of the wrong doors tried (a lost one).
+won once, whatever a lesson says. And what one written after a loss could: the vaults a replay lost, each told
+that replay's locked doors, or the doors it left. Last, the extractor's side: from scripted won and lost
+episodes, how often its lesson names the door that opened (a won one), or one of the wrong doors tried (a lost one).
 """
 import argparse
 import collections
