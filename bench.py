@@ -93,10 +93,11 @@ BENCH_CONFIG = dict(architectures=["Qwen3ForCausalLM"], vocab_size=32000, hidden
                     eos_token_id=None, bos_token_id=None, pad_token_id=0)
 
 
-def _checkpoint(path: str, shape: str = "qwen3-25m") -> str:
-    """The benchmark checkpoint at `path`, written on first use: the ~25M Qwen3 (random, our tiny_model's init)
-    or SmolLM2-135M's shape (transformers' random Llama init, bf16)."""
+def _checkpoint(path: str | None, shape: str = "qwen3-25m") -> str:
+    """The benchmark checkpoint at `path` (default: one per shape in the temp directory), written on first use:
+    the ~25M Qwen3 (random, our tiny_model's init) or SmolLM2-135M's shape (transformers' random Llama init, bf16)."""
     from small.tiny import tiny_model
+    path = path or os.path.join(tempfile.gettempdir(), f"crl_bench_{shape.replace('-', '_')}")
     if not os.path.exists(os.path.join(path, "config.json")):
         if shape == "smollm2":
             _random_checkpoint(SMOLLM2_135M, path, "llama")
@@ -125,7 +126,7 @@ def _hf_model(path, dtype=torch.float32):
 
 def bench_generate(a):
     from model import Session, Transformer, generate
-    path = _checkpoint(a.ckpt or os.path.join(tempfile.gettempdir(), f"crl_bench_{a.shape.replace('-', '_')}"), a.shape)
+    path = _checkpoint(a.ckpt, a.shape)
     dtype = getattr(torch, a.dtype)
     ours, hf = Transformer.from_pretrained(path, dtype=dtype), _hf_model(path, dtype)
     V = ours.config.vocab_size
@@ -925,9 +926,8 @@ def parse_args(argv=None):
 
     def model_parser(name, help, train_one=False):
         s = sub.add_parser(name, help=help) if help else sub.add_parser(name)
-        s.add_argument("--ckpt", default=None if name == "generate" else
-                       os.path.join(tempfile.gettempdir(), "crl_bench_qwen3_25m"),
-                       help="benchmark checkpoint directory (written on first use; generate: one per --shape)")
+        s.add_argument("--ckpt", help="benchmark checkpoint directory (written on first use; default: one per "
+                                      "shape in the temp directory)")
         s.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
         s.add_argument("--batch", type=int, default=16)
         if name != "generate":

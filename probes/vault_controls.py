@@ -73,7 +73,7 @@ def main(argv=None):
         specs = crl.held_out_specs(run, ["vault"], mine.instances)
         eps = crl.play_held_out(run, specs, crl.EVAL_STEP)
         exp = [e for e in eps if e.with_exp]
-        first = [next((text for who, text in e.transcript if who == "agent"), "").strip() for e in exp]
+        first = [first_move(e).strip() for e in exp]
         follow = sum(f == told[e.seed - crl.EVAL_SEED0] for f, e in zip(first, exp)) / len(exp)
         m = {**metrics.success_metrics(eps, "eval"), **metrics.same_instance(eps, "retrieval")}
         right = sum(told[j] == secrets[j] for j in range(mine.instances)) / mine.instances
@@ -93,7 +93,7 @@ def replays(run, name: str, instances: int, times: int):
     eps = crl.play_held_out(run, specs, crl.EVAL_STEP)
     wins = [sum(e.success for e in eps if e.group == j) for j in range(instances)]
     again = win_again(wins, times)
-    first = collections.Counter(moves(e)[0] if moves(e) else "" for e in eps).most_common(1)[0]
+    first = collections.Counter(map(first_move, eps)).most_common(1)[0]
     print(f"{name} actor, {instances} held-out vaults played {times} times each without experience: success "
           f"{sum(wins) / len(eps):.3f}; P(a play wins | another play of the vault won) {again:.3f}; vaults never won "
           f"{wins.count(0) / instances:.3f}, always won {wins.count(times) / instances:.3f}; the commonest first "
@@ -125,8 +125,7 @@ def after_a_loss(run, name: str, plays: list, times: int):
         run.manager.bank = bank_of(run, {seed: text(doors) for seed, doors in lost.items()})
         eps = crl.play_held_out(run, [("vault", s, s - crl.EVAL_SEED0, True) for _ in range(times) for s in lost],
                                 crl.EVAL_STEP)
-        first = [moves(e)[0] if moves(e) else "" for e in eps]
-        listed = sum(f in lost[e.seed] for f, e in zip(first, eps)) / len(eps)
+        listed = sum(first_move(e) in lost[e.seed] for e in eps) / len(eps)
         print(f"{name} actor, the {len(lost)} vaults a play lost, each told the locked doors of that play as "
               f"'{text(['north', 'east', 'west'])}': success {sum(e.success for e in eps) / len(eps):.3f} "
               f"(without {sum(without) / len(without):.3f}); first door a locked one {listed:.3f}")
@@ -155,6 +154,11 @@ def scripted_episode(seed: int, won: bool, shown: str | None = None, rng=None) -
 def moves(e: crl.Episode) -> list[str]:
     """The doors an episode tried, in order."""
     return [text for who, text in e.transcript if who == "agent"]
+
+
+def first_move(e: crl.Episode) -> str:
+    """The first door an episode tried ("" if it tried none)."""
+    return next(iter(moves(e)), "")
 
 
 def door_shares(eps: list[crl.Episode], ops: list) -> tuple[float, float]:
