@@ -205,6 +205,9 @@ class CRLConfig:
                                        "probes/lesson_follow.py)")
     lesson_moves: int = setting(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
                                    "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
+    lesson_sets: bool = setting(False, "constrained extractor: a lesson is a set of the task's action words in "
+                                       "their order (`ADD: north, east, west`) instead of a plan, so that after a "
+                                       "lost vault it can name the doors left (probes/vault_controls.py)")
     extractor_none: str = setting("always", "when a constrained extractor may answer NONE as it distils an episode: "
                                             "always, never (it must add or update: a NONE is never credited, so "
                                             "CISPO never pushes it down and an extractor whose lessons mostly fail "

@@ -15,7 +15,8 @@ in results/README.md and results/probes.md.
                     what it won once, and can a lesson after a loss (the locked doors) help it?
     vault_lessons   a vault run's lessons against each vault's door
     vault_forms     can the untrained extractor read the opened door off an episode, in three prompt forms?
-    cispo_vault     can CISPO alone teach the extractor to name the opened door (fresh vaults, a scripted follower)?
+    cispo_vault     can CISPO alone teach the extractor to name the opened door, or after a loss the doors left
+                    (fresh vaults, a scripted follower)?
     random_play     a task's floor: success of a random valid action each turn on held-out instances
     gpu_profile     where a GPU's time goes: the training and decode steps kernel by kernel; two threads decoding
 
@@ -26,8 +27,7 @@ import re
 
 import torch
 
-import crl
-import parallel
+from model import Session
 
 ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)   # the stairs one move away, in the words view
 
@@ -35,30 +35,34 @@ ONE_MOVE = re.compile(r"stairs down \(>\): 1 (\w+)$", re.M)   # the stairs one m
 def policy(model, tok, prompt: list[int], actions: tuple) -> torch.Tensor:
     """The constrained policy over `actions` after the prompt tokens, exactly: the product, over a reply's tokens,
     of each token's probability among the tokens the actions allow after its prefix (what `generate` samples
-    from; a forced token counts 1). One forward pass a prefix where the actions branch, not one a reply: the 16
-    one-door lessons of the vault take 3."""
+    from; a forced token counts 1). The logits are read only where the actions branch (`after_prompt`): the 16
+    one-door lessons of the vault branch 3 times."""
     replies = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for a in actions]
-    branches = {}   # prefix -> the ids allowed after it, where there is a choice
+    after = {}      # prefix -> the ids the replies allow after it
     for reply in replies:
         for j in range(len(reply)):
-            allowed = sorted({r[j] for r in replies if r[:j] == reply[:j] and len(r) > j})
-            if len(allowed) > 1:
-                branches[tuple(reply[:j])] = allowed
+            after.setdefault(tuple(reply[:j]), set()).add(reply[j])
+    branches = {p: sorted(ids) for p, ids in after.items() if len(ids) > 1}   # where there is a choice
     logp = {}
     if branches:
-        device = model.embed_tokens.weight.device
-        tokens, _, _ = parallel.pad_segments([segment(prompt, list(p)) for p in branches], device)
-        last = [len(prompt) + len(p) - 1 for p in branches]   # the state that predicts the token after p
-        with torch.no_grad():
-            logits = model.lm_head(model(tokens, hidden_only=True)[torch.arange(len(last)), last]).float()
-        for i, (p, allowed) in enumerate(branches.items()):
-            logp[p] = dict(zip(allowed, torch.log_softmax(logits[i, allowed], 0).tolist()))
+        for (p, allowed), logits in zip(branches.items(), after_prompt(model, prompt, list(branches))):
+            logp[p] = dict(zip(allowed, torch.log_softmax(logits[allowed], 0).tolist()))
     return torch.tensor([math.exp(sum(logp[tuple(r[:j])][r[j]] for j in range(len(r)) if tuple(r[:j]) in logp))
                          for r in replies])
 
 
-def segment(prompt: list[int], reply: list[int]) -> crl.Segment:
-    s = crl.Segment()
-    s.extend(prompt)
-    s.extend(reply, mask=True)
-    return s
+@torch.no_grad()
+def after_prompt(model, prompt: list[int], prefixes: list[tuple], rows: int = 64) -> list[torch.Tensor]:
+    """The next-token logits after prompt + each prefix: the prompt's k/v are computed once (cache row 0) and
+    copied into `rows` rows at a time, which then read only their prefixes (a set grammar branches 500 times)."""
+    session = Session(model, max_batch=rows + 1, max_len=len(prompt) + max(map(len, prefixes)) + 1, graphs=False)
+    out = {(): session.prefill([0], [prompt])[0]}
+    longer = sorted((p for p in prefixes if p), key=len)   # a chunk of like lengths pads little
+    n = len(prompt)
+    for i in range(0, len(longer), rows):
+        chunk = longer[i:i + rows]
+        session.k[:, 1:, :, :n] = session.k[:, :1, :, :n]
+        session.v[:, 1:, :, :n] = session.v[:, :1, :, :n]
+        session.lengths[1:] = n
+        out.update(zip(chunk, session.prefill(list(range(1, len(chunk) + 1)), [list(p) for p in chunk])))
+    return [out[tuple(p)] for p in prefixes]

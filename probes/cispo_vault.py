@@ -10,11 +10,14 @@ one that opens; else three locked doors). crl.distill writes a lesson for each (
 sampler, recorded as generations); a scripted follower plays each lesson `uses` times (the with-experience half of
 a group shares one lesson), winning with probability p_right when the lesson names the vault's door, else p_wrong;
 crl.credit_generations credits those outcomes and crl.extractor_update takes its CISPO step. Nothing else of a
-run: no actor, no bank, no merge.
+run: no actor, no bank, no merge. With --p-follow the lessons after a loss are played as a trained actor would
+play them (`habit_wins`: with --lesson-sets a lesson can name the doors a lost play left untried), and with
+--p-again each vault is also played without its lesson, so that --credit lift has its baseline.
 Every `eval_every` steps, on `eval_vaults` held-out won vaults each shown a wrong door: the extractor's exact
-constrained policy over its completions (ADD or UPDATE 1, each door; NONE unless --extractor-none never): P(its
-lesson names the door that opened), chance 1/8, P(it names the door it was shown: a copier), the mass on NONE, and
-the top door's mean mass (a collapse onto one door, which earns 1/8 on fresh vaults). `--steps 0` with `--extractor
+constrained policy over its completions (ADD or UPDATE 1, each lesson of its grammar; NONE with --extractor-none
+always): P(its lesson names the door that opened), chance 1/8, P(it names the door it was shown: a copier), the
+mass on NONE, and the top lesson's mean mass (a collapse onto one door, which earns 1/8 on fresh vaults) (not
+with --p-won 0); with --p-follow, on as many held-out lost vaults, `evaluate_lost`. `--steps 0` with `--extractor
 RUN/ckpt/extractor` (and the run's extractor flags) reads a trained run's extractor. Writes OUT/curve.jsonl (the
 evaluations) and OUT/steps.jsonl (each step: its lessons' share right, reward, timings).
 """
@@ -29,7 +32,8 @@ import crl
 import envs
 import train
 from probes import policy
-from probes.vault_controls import scripted_episode
+from probes.vault_controls import moves, scripted_episode
+from small import grammar
 
 DOORS = envs.Vault.actions
 
@@ -40,45 +44,99 @@ def secret(seed: int) -> str:
     return env.secret
 
 
-def follow(run, ops: list, secrets: dict, p_right: float, p_wrong: float, uses: int, rng, p_door=None) -> float:
+def follow(run, ops: list, secrets: dict, p_right: float, p_wrong: float, uses: int, rng, p_door=None,
+           lost=None, p_follow: float = 1.0, p_again: float | None = None) -> float:
     """The follower plays each lesson `uses` times; crl credits the outcomes. Returns the share of right lessons.
-    `p_door`: {door: success with a wrong lesson naming it} (a door the actor favours anyway costs it nothing)."""
-    eps = []
-    for op in ops:
+    `p_door`: {door: success with a wrong lesson naming it} (a door the actor favours anyway costs it nothing).
+    `lost`: {vault: the doors its play tried} for the lost plays, whose lessons the trained actor follows instead
+    (`habit_wins`, with probability p_follow; right: a lesson naming only doors the play left untried).
+    `p_again`: each lesson's vault is also played `uses` times without it, as a group's other half is (what
+    --credit lift measures a lesson against): won p_again, the trained actor's win-again rate, if the play won,
+    else never (it replays its loss)."""
+    lost, eps, right = lost or {}, [], 0
+    for i, op in enumerate(ops):
         text = op.text.strip().lower()
-        p = p_right if text == secrets[op.origin] else (p_door or {}).get(text, p_wrong)
+        if op.origin in lost:
+            p = p_follow * habit_wins(lost[op.origin], text, secrets[op.origin])
+            right += clean(lost[op.origin], text)
+        else:
+            p = p_right if text == secrets[op.origin] else (p_door or {}).get(text, p_wrong)
+            right += text == secrets[op.origin]
         for _ in range(uses):
             won = bool(rng.random() < p)
-            eps.append(crl.Episode("vault", op.origin, 0, True, sources=[op.source], reward=float(won), success=won))
+            eps.append(crl.Episode("vault", op.origin, i, True, sources=[op.source], reward=float(won), success=won))
+        for _ in range(uses if p_again is not None else 0):
+            won = op.origin not in lost and bool(rng.random() < p_again)
+            eps.append(crl.Episode("vault", op.origin, i, False, reward=float(won), success=won))
     crl.credit_generations(run, eps)
-    return sum(op.text.strip().lower() == secrets[op.origin] for op in ops) / max(1, len(ops))
+    return right / max(1, len(ops))
 
 
-def held_out(n: int) -> list[crl.Episode]:
-    """n held-out won vaults, each shown a wrong door (copying the lesson never names the door that opened)."""
-    rng = np.random.default_rng(12345)
+def habit_wins(tried: list[str], lesson: str, secret: str) -> bool:
+    """A trained actor on a vault it lost, told `lesson`: it opens with the door it opened with before, then takes
+    the lesson's doors in their order, then its old order again; it wins if the vault's door comes within its 3
+    tries (results/vault-clean/controls: the crl actor, told the doors left, wins 0.29 of the vaults it lost)."""
+    order = list(dict.fromkeys([tried[0], *(d for d in lesson.split(", ") if d in DOORS), *tried[1:]]))
+    return secret in order[:3]
+
+
+def clean(tried: list[str], lesson: str) -> bool:
+    """A lesson after a loss that names doors, none of them one the play tried."""
+    named = lesson.split(", ")
+    return all(d in DOORS for d in named) and not set(named) & set(tried)
+
+
+def held_out(n: int, won: bool = True) -> list[crl.Episode]:
+    """n held-out vaults, won (or lost: other vaults), each shown a wrong door (copying the lesson never names the
+    door that opened)."""
+    rng = np.random.default_rng(12345 if won else 54321)
     eps = []
-    for j in range(n):
+    for j in range(n) if won else range(n, 2 * n):
         shown = [d for d in DOORS if d != secret(crl.EVAL_SEED0 + j)][int(rng.integers(len(DOORS) - 1))]
-        eps.append(scripted_episode(crl.EVAL_SEED0 + j, True, shown, rng))
+        eps.append(scripted_episode(crl.EVAL_SEED0 + j, won, shown, rng))
     return eps
 
 
+def lesson_policy(run, e: crl.Episode, none: bool) -> tuple[tuple, np.ndarray, float]:
+    """The extractor's exact constrained policy on episode e: each lesson of its grammar (one door, or with
+    --lesson-sets every set of doors) with its probability, ADD and UPDATE 1 summed, and the mass on NONE."""
+    lessons = grammar.lesson_sets(DOORS) if run.cfg.lesson_sets else DOORS
+    completions = tuple(f"{head} {x}" for head in ("ADD:", "UPDATE 1:") for x in lessons) + (("NONE",) if none else ())
+    p = policy(run.extractor, run.extractor_tok, crl.extractor_prompt(run, e), completions).float().numpy()
+    return lessons, p[:len(lessons)] + p[len(lessons):2 * len(lessons)], float(p[2 * len(lessons):].sum())
+
+
 def evaluate(run, eps: list[crl.Episode]) -> dict:
-    """P(the lesson names the door that opened) and the top door's mass, under the exact constrained policy."""
-    completions = tuple(f"{head} {d}" for head in ("ADD:", "UPDATE 1:") for d in DOORS)
-    completions += ("NONE",) if run.cfg.extractor_none != "never" else ()
-    right, shown, marginal, none = [], [], np.zeros(len(DOORS)), 0.0
+    """On won vaults: P(the lesson names the door that opened) and the top lesson's mass, under the exact
+    constrained policy."""
+    none = run.cfg.extractor_none == "always"   # after a win: "failure" allows no NONE either
+    right, shown, marginal, mass_none = [], [], 0.0, 0.0
     for e in eps:
-        p = policy(run.extractor, run.extractor_tok, crl.extractor_prompt(run, e), completions).float().numpy()
-        by_door = p[:len(DOORS)] + p[len(DOORS):2 * len(DOORS)]
-        right.append(by_door[DOORS.index(e.transcript[-2][1])])
-        shown.append(by_door[DOORS.index(e.lessons[0])])
-        marginal += by_door / len(eps)
-        none += p[2 * len(DOORS):].sum() / len(eps)
+        lessons, p, p_none = lesson_policy(run, e, none)
+        right.append(p[lessons.index(e.transcript[-2][1])])
+        shown.append(p[lessons.index(e.lessons[0])])
+        marginal, mass_none = marginal + p / len(eps), mass_none + p_none / len(eps)
     return {"p_opened": float(np.mean(right)), "p_shown": float(np.mean(shown)),
-            "top_door": DOORS[int(marginal.argmax())],
-            "top_door_mass": float(marginal.max()), "none": float(none)}
+            "top_door": lessons[int(marginal.argmax())],
+            "top_door_mass": float(marginal.max()), "none": float(mass_none)}
+
+
+def evaluate_lost(run, eps: list[crl.Episode], p_follow: float) -> dict:
+    """On lost vaults: P(a clean lesson: doors the play left untried), P(exactly the doors left), P(NONE), the
+    doors a lesson names (mean), and the trained actor's success told it (`habit_wins` x p_follow)."""
+    none = run.cfg.extractor_none != "never"
+    out = {"lost_clean": 0.0, "lost_doors_left": 0.0, "lost_none": 0.0, "lost_doors": 0.0, "lost_follower": 0.0}
+    for e in eps:
+        lessons, p, p_none = lesson_policy(run, e, none)
+        tried = moves(e)
+        left = ", ".join(d for d in DOORS if d not in tried)
+        out["lost_clean"] += sum(q for x, q in zip(lessons, p) if clean(tried, x)) / len(eps)
+        out["lost_doors_left"] += p[lessons.index(left)] / len(eps) if left in lessons else 0.0
+        out["lost_none"] += p_none / len(eps)
+        out["lost_doors"] += sum(q * len(x.split(", ")) for x, q in zip(lessons, p)) / max(1e-9, p.sum()) / len(eps)
+        out["lost_follower"] += p_follow * sum(q for x, q in zip(lessons, p)
+                                               if habit_wins(tried, x, secret(e.seed))) / len(eps)
+    return {k: float(v) for k, v in out.items()}
 
 
 def main(argv=None):
@@ -92,6 +150,13 @@ def main(argv=None):
     p.add_argument("--p-wrong", type=float, default=0.0, help="... and with another door")
     p.add_argument("--p-door", default="", help="DOOR=P: the follower's success with a wrong lesson naming DOOR "
                                                   "(e.g. northeast=0.49: the door the actor plays anyway)")
+    p.add_argument("--p-follow", type=float, default=None,
+                   help="the lessons after a loss are played by a trained actor (habit_wins), which follows one "
+                        "with this probability (0.73: the crl actor's 0.29 with the doors left, against 0.4 by "
+                        "the rule); else they are played like the lessons after a win")
+    p.add_argument("--p-again", type=float, default=None,
+                   help="each vault is also played without its lesson (for --credit lift): a won vault is won "
+                        "again with this probability (0.99: the trained actors' rate), a lost one never")
     p.add_argument("--uses", type=int, default=4, help="follower episodes a lesson")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-vaults", type=int, default=32)
@@ -106,10 +171,12 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps({"probe": vars(mine), "flags": rest}, indent=1))
     tests = held_out(mine.eval_vaults)
+    lost_tests = held_out(mine.eval_vaults, won=False) if mine.p_follow is not None else []
     with open(out / "curve.jsonl", "w") as curve, open(out / "steps.jsonl", "w") as steps:
         for step in range(mine.steps + 1):
             if step % mine.eval_every == 0:
-                point = {"step": step, **evaluate(run, tests)}
+                point = {"step": step, **(evaluate(run, tests) if mine.p_won > 0 else {}),
+                         **(evaluate_lost(run, lost_tests, mine.p_follow) if lost_tests else {})}
                 curve.write(json.dumps(point) + "\n")
                 curve.flush()
                 print(json.dumps(point), flush=True)
@@ -126,7 +193,9 @@ def main(argv=None):
             gen_rng = crl.seeded_generator(device, run.seed, step, 0, crl.EXTRACTOR_SAMPLING)
             ops = crl.distill(run, eps, step, gen_rng)
             p_door = {d: float(x) for d, _, x in (part.partition("=") for part in mine.p_door.split(",") if part)}
-            right = follow(run, ops, secrets, mine.p_right, mine.p_wrong, mine.uses, rng, p_door)
+            lost = {e.seed: moves(e) for e in eps if not e.success} if mine.p_follow is not None else {}
+            right = follow(run, ops, secrets, mine.p_right, mine.p_wrong, mine.uses, rng, p_door, lost,
+                           mine.p_follow or 0.0, mine.p_again)
             stats = crl.extractor_update(run)
             line = {"step": step, "lessons_right": right, "lessons": len(ops), **run.counters,
                     "reward": stats.get("reward"), "cispo": bool(stats), "seconds": time.perf_counter() - t0,
@@ -137,20 +206,33 @@ def main(argv=None):
 
 
 def plot(folder: Path):
-    """Each arm's P(the lesson names the opened door) (solid) and its top door's mass (dotted), by CISPO step."""
+    """Each arm's P(the lesson names the opened door) (solid) and its top lesson's mass (dotted), by CISPO step;
+    beside them, where an arm read lost vaults (--p-follow), P(a clean lesson) (solid) and the trained actor's
+    success told it (dashed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, arm in enumerate(sorted(d for d in folder.iterdir() if (d / "curve.jsonl").is_file())):
-        rows = [json.loads(line) for line in open(arm / "curve.jsonl")]
+    arms = sorted(d for d in folder.iterdir() if (d / "curve.jsonl").is_file())
+    curves = {arm.name: [json.loads(line) for line in open(arm / "curve.jsonl")] for arm in arms}
+    lost = any("lost_clean" in rows[0] for rows in curves.values())
+    fig, axes = plt.subplots(1, 1 + lost, figsize=(8 + 5 * lost, 4.5), squeeze=False)
+    ax, ax_lost = axes[0][0], axes[0][-1]
+    for i, (name, rows) in enumerate(curves.items()):
         steps = [r["step"] for r in rows]
-        line, = ax.plot(steps, [r["p_opened"] for r in rows], label=arm.name, color=f"C{i}")
-        ax.plot(steps, [r["top_door_mass"] for r in rows], ":", color=line.get_color())
+        if "p_opened" in rows[0]:
+            ax.plot(steps, [r["p_opened"] for r in rows], label=name, color=f"C{i}")
+            ax.plot(steps, [r["top_door_mass"] for r in rows], ":", color=f"C{i}")
+        if lost and "lost_clean" in rows[0]:
+            ax_lost.plot(steps, [r["lost_clean"] for r in rows], label=name, color=f"C{i}")
+            ax_lost.plot(steps, [r["lost_follower"] for r in rows], "--", color=f"C{i}")
     ax.axhline(1 / 8, color="grey", lw=0.8)
     ax.set(xlabel="CISPO step (16 fresh vaults each)", ylim=(0, 1.02),
-           ylabel="P(lesson names the opened door)\n(dotted: top door's mass)")
+           ylabel="won vaults: P(lesson names the opened door)\n(dotted: top lesson's mass)")
     ax.legend(fontsize=7, ncol=2)
+    if lost:
+        ax_lost.set(xlabel="CISPO step (16 fresh vaults each)", ylim=(0, 1.02),
+                    ylabel="lost vaults: P(lesson names only untried doors)\n(dashed: the trained actor's success)")
+        ax_lost.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "curve.png", dpi=110)
     print(f"wrote {folder / 'curve.png'}")

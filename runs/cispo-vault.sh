@@ -13,14 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/rebuild}/cispo-vault
-arm() {   # NAME, then the probe's and train.py's flags
-    local name=$1; shift
-    python -m probes.cispo_vault --out "$OUT/$name" "$@" ${FLAGS:-} > "$OUT/$name.log" 2>&1
-}
-run() {
-    case " ${ONLY:-$1} " in *" $1 "*) ;; *) return 0 ;; esac
-    if [ "${PARALLEL:-0}" = 1 ]; then arm "$@" & else arm "$@"; fi
-}
+source runs/probe-arms.sh
 REAL="--p-won 0.375 --p-right 0.61 --p-wrong 0.15"
 mkdir -p "$OUT"
 for lr in 1e-5 1e-4 1e-3; do run oracle-lr$lr --steps 200 --extractor-lr $lr; done

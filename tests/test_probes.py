@@ -8,6 +8,7 @@ import os
 import re
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -188,10 +189,58 @@ def test_cispo_probe_follower_wins_by_the_door_a_lesson_names(monkeypatch):
                                                                                 (1, True), (2, False), (2, False)]
 
 
+def test_cispo_probe_trained_actor_takes_a_lost_vaults_lesson_after_its_first_door():
+    """A play that lost through north, east, south: told the doors left (west, northeast, ...) the trained actor
+    tries north, west, northeast, so it wins where the vault opens by west or northeast and not by southeast; a
+    lesson naming a tried door wastes a try (east, northeast: won only on the third); NONE replays the loss."""
+    tried = ["north", "east", "south"]
+    left = "west, northeast, southeast, southwest, northwest"
+    assert cispo_vault.habit_wins(tried, left, "west") and cispo_vault.habit_wins(tried, left, "northeast")
+    assert not cispo_vault.habit_wins(tried, left, "southeast")
+    assert cispo_vault.habit_wins(tried, "east, northeast", "northeast")
+    assert not cispo_vault.habit_wins(tried, "east, south", "northeast") and not cispo_vault.habit_wins(tried, "", "west")
+    assert cispo_vault.clean(tried, left) and cispo_vault.clean(tried, "west") and not cispo_vault.clean(tried, "east, west")
+
+
+def test_cispo_probe_lift_credits_a_lost_vaults_lesson_against_its_replayed_loss(monkeypatch):
+    """--credit lift with --p-again 1 and --p-follow 1: a won vault's right lesson is won 2 of 2 with it and 2 of 2
+    without (credit 0 each); a lost vault told the doors left, where the trained actor reaches the door, is won 2
+    of 2 with it and 0 without (credit +1 each); a lost vault's lesson naming tried doors loses (-0 - 0 = 0)."""
+    tried = ["north", "east", "south"]
+    secrets = {1: "west", 2: "west", 3: "west"}
+    ops = [Operation("add", "vault", "west", source=0, origin=1),
+           Operation("add", "vault", "west, northeast, southeast, southwest, northwest", source=1, origin=2),
+           Operation("add", "vault", "east, south", source=2, origin=3)]
+    run = SimpleNamespace(cfg=crl.CRLConfig(credit="lift"), step=0,
+                          generations={g: crl.Generation(g, "vault", [], [], [], []) for g in range(3)})
+    monkeypatch.setattr(crl, "gather_objects", lambda x: [x])
+    right = cispo_vault.follow(run, ops, secrets, 1.0, 0.0, 2, np.random.default_rng(0), None,
+                               {2: tried, 3: tried}, 1.0, 1.0)
+    assert right == 2 / 3
+    assert [run.generations[g].credits for g in range(3)] == [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]
+
+
+def test_cispo_probe_reads_a_lost_vaults_lesson_sets(monkeypatch):
+    """A policy with 0.5 on `ADD: <the doors left>` and 0.5 on NONE, on a vault lost through three doors: clean
+    0.5, the doors left 0.5, NONE 0.5, 5 doors a lesson, and the follower's success 0.5 x p_follow where the
+    trained actor reaches the vault's door among the first two doors left."""
+    monkeypatch.setattr(crl, "extractor_prompt", lambda run, e: e)
+    e = vault_controls.scripted_episode(crl.EVAL_SEED0, False, "north", np.random.default_rng(1))
+    tried = vault_controls.moves(e)
+    left = ", ".join(d for d in cispo_vault.DOORS if d not in tried)
+    monkeypatch.setattr(cispo_vault, "policy", lambda model, tok, e, completions: torch.tensor(
+        [0.5 * (c in (f"ADD: {left}", "NONE")) for c in completions]))
+    run = SimpleNamespace(extractor=None, extractor_tok=None,
+                          cfg=crl.CRLConfig(lesson_sets=True, extractor_none="failure"))
+    out = cispo_vault.evaluate_lost(run, [e], 0.8)
+    wins = cispo_vault.habit_wins(tried, left, cispo_vault.secret(e.seed))
+    assert out == pytest.approx({"lost_clean": 0.5, "lost_doors_left": 0.5, "lost_none": 0.5, "lost_doors": 5.0,
+                                 "lost_follower": 0.4 * wins})
+
+
 def test_cispo_probe_reads_the_opened_and_the_shown_door(monkeypatch):
     """A policy with 0.6 on `ADD: east` and 0.4 on `UPDATE 1: west`: on a vault won through west and shown east,
     P(opened) 0.4 and P(shown) 0.6; on one won through east and shown west, the other way round."""
-    from types import SimpleNamespace
     done = {}
     monkeypatch.setattr(crl, "extractor_prompt", lambda run, e: done.setdefault(id(e), e))
     def policy(model, tok, e, completions):
@@ -219,6 +268,21 @@ def test_cispo_probe_runs_its_steps_and_evaluations(tmp_path):
     assert all(1 / 8 <= c["top_door_mass"] <= 1 and c["top_door"] in cispo_vault.DOORS for c in curve)
     assert [s["step"] for s in steps] == [0] and steps[0]["cispo"] and steps[0]["lessons"] == 3
     assert curve[0]["p_opened"] != curve[1]["p_opened"]          # the step changed the extractor
+
+
+def test_cispo_probe_runs_on_lesson_sets_after_losses(tmp_path):
+    """The probe with --lesson-sets, every episode lost, the trained actor following (--p-follow) and lift credit
+    (--p-again): one CISPO step, and the lost vaults' readings are probabilities that the step moves."""
+    out = tmp_path / "probe"
+    cispo_vault.main(["--out", str(out), "--steps", "1", "--batch", "8", "--eval-every", "1", "--eval-vaults", "1",
+                      "--p-won", "0", "--p-follow", "1", "--p-again", "0.99", "--actor", "tiny", "--extractor",
+                      "tiny", "--lesson-sets", "--extractor-none", "never", "--credit", "lift",
+                      "--extractor-lr", "1e-2", "--extractor-temperature", "3"])
+    curve = [json.loads(line) for line in open(out / "curve.jsonl")]
+    steps = [json.loads(line) for line in open(out / "steps.jsonl")]
+    assert all(0 <= c[k] <= 1 for c in curve for k in ("lost_clean", "lost_doors_left", "lost_none", "lost_follower"))
+    assert all(1 <= c["lost_doors"] <= 8 for c in curve) and steps[0]["cispo"] and steps[0]["lessons"] == 8
+    assert curve[0]["lost_clean"] != curve[1]["lost_clean"]
 
 
 def test_vault_lessons_success_per_use_by_kind(tmp_path):
