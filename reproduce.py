@@ -267,7 +267,9 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
 # flags that say where a cell is and how its work is batched, not what it learns from: a cell trained with
 # another --eval-batch (a preset lowered it for memory) still belongs in the grid
 NOT_COMPARED = ("out", "resume", "micro_batch", "env_workers", "eval_batch", "dtype_auto")
-RESOLVED = {"dtype": (None, "auto")}   # asked so, the cell's own choice stands (made when it began; --resume keeps it)
+# asked so, the cell's own choice stands (made when it began; --resume keeps it): a number format, and where
+# distillation runs (a GPU cell given --distill inline, as a CPU distils, belongs in a CPU grid)
+RESOLVED = {"dtype": (None, "auto"), "distill": (None,)}
 
 
 def check_same_flags(out: str, argv: list[str]):

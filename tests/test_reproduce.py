@@ -113,6 +113,11 @@ def test_grid_cell_end_to_end(tmp_path, capsys):
         reproduce.main([*argv[:argv.index("--")], "--", *tiny, "--iters", "3"])
     reproduce.main([*argv, "--eval-batch", "2"])           # how evaluation is batched is not a budget: skipped
     assert json.load(open(out / "final.json")) == final
+    saved = json.load(open(out / "args.json"))             # a cell that chose where it distils (a GPU's, inline)
+    json.dump({**saved, "distill": "inline"}, open(out / "args.json", "w"))
+    reproduce.main(argv)                                   # belongs to a grid that left it to the machine: skipped
+    with pytest.raises(SystemExit, match="distill: inline here, background asked"):
+        reproduce.main([*argv, "--distill", "background"])
 
 
 def test_cells_side_by_side_equal_cells_one_at_a_time(tmp_path):
