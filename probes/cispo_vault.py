@@ -32,7 +32,7 @@ import crl
 import envs
 import train
 from probes import policy
-from probes.vault_controls import moves, scripted_episode
+from probes.vault_controls import doors_left, moves, scripted_episode
 from small import grammar
 
 DOORS = envs.Vault.actions
@@ -109,7 +109,7 @@ def lesson_policy(run, e: crl.Episode, none: bool) -> tuple[tuple, np.ndarray, f
 def evaluate(run, eps: list[crl.Episode]) -> dict:
     """On won vaults: P(the lesson names the door that opened) and the top lesson's mass, under the exact
     constrained policy."""
-    none = run.cfg.extractor_none == "always"   # after a win: "failure" allows no NONE either
+    none = grammar.may_answer_none(run.cfg, won=True)
     right, shown, marginal, mass_none = [], [], 0.0, 0.0
     for e in eps:
         lessons, p, p_none = lesson_policy(run, e, none)
@@ -124,12 +124,12 @@ def evaluate(run, eps: list[crl.Episode]) -> dict:
 def evaluate_lost(run, eps: list[crl.Episode], p_follow: float) -> dict:
     """On lost vaults: P(a clean lesson: doors the play left untried), P(exactly the doors left), P(NONE), the
     doors a lesson names (mean), and the trained actor's success told it (`habit_wins` x p_follow)."""
-    none = run.cfg.extractor_none != "never"
+    none = grammar.may_answer_none(run.cfg, won=False)
     out = {"lost_clean": 0.0, "lost_doors_left": 0.0, "lost_none": 0.0, "lost_doors": 0.0, "lost_follower": 0.0}
     for e in eps:
         lessons, p, p_none = lesson_policy(run, e, none)
         tried = moves(e)
-        left = ", ".join(d for d in DOORS if d not in tried)
+        left = ", ".join(doors_left(tried))
         out["lost_clean"] += sum(q for x, q in zip(lessons, p) if clean(tried, x)) / len(eps)
         out["lost_doors_left"] += p[lessons.index(left)] / len(eps) if left in lessons else 0.0
         out["lost_none"] += p_none / len(eps)

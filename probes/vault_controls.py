@@ -120,7 +120,7 @@ def after_a_loss(run, name: str, plays: list, times: int):
         return
     without = [e.success for e in plays if e.seed in lost]
     forms = (lambda doors: "locked: " + ", ".join(doors),
-             lambda doors: "try: " + ", ".join(d for d in envs.Vault.actions if d not in doors))
+             lambda doors: "try: " + ", ".join(doors_left(doors)))
     for text in forms:
         run.manager.bank = bank_of(run, {seed: text(doors) for seed, doors in lost.items()})
         eps = crl.play_held_out(run, [("vault", s, s - crl.EVAL_SEED0, True) for _ in range(times) for s in lost],
@@ -154,6 +154,11 @@ def scripted_episode(seed: int, won: bool, shown: str | None = None, rng=None) -
 def moves(e: crl.Episode) -> list[str]:
     """The doors an episode tried, in order."""
     return [text for who, text in e.transcript if who == "agent"]
+
+
+def doors_left(tried: list[str]) -> list[str]:
+    """The vault's doors not among `tried`, in the env's order."""
+    return [d for d in envs.Vault.actions if d not in tried]
 
 
 def first_move(e: crl.Episode) -> str:

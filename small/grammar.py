@@ -122,10 +122,14 @@ def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False,
     if run.cfg.extractor_free_text:
         return None
     won = won or [False] * len(shown)
-    none = [merge or run.cfg.extractor_none == "always" or (run.cfg.extractor_none == "failure" and not w)
-            for w in won]                       # a merge may always leave its lessons as they are
-    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), ok)
-            for n, task, ok in zip(shown, tasks, none)]
+    return [operation_heads(run.extractor_tok, n, merge, task_plans(run, task), may_answer_none(run.cfg, w, merge))
+            for n, task, w in zip(shown, tasks, won)]
+
+
+def may_answer_none(cfg, won: bool, merge: bool = False) -> bool:
+    """Whether the constrained extractor may answer NONE (cfg.extractor_none) distilling an episode that was or
+    was not won; a merge may always leave its lessons as they are."""
+    return merge or cfg.extractor_none == "always" or (cfg.extractor_none == "failure" and not won)
 
 
 def task_plans(run, task: str) -> tuple[str, ...]:
