@@ -45,6 +45,22 @@ def success_by_kind(run: str) -> dict:
     return {k: (wins[k] / uses[k], uses[k]) for k in ("right", f"wrong, {common}", "wrong, other") if uses[k]}
 
 
+def sets(run: str, block: int = 50) -> dict:
+    """With --lesson-sets: {first iteration of a block: (share of lessons naming several doors, lessons)}, and the
+    success per use of the several-door lessons that hold their vault's door and of those that do not."""
+    bank, env = ExperienceBank.load(f"{run}/ckpt/bank"), envs.make("vault")
+    by_block, uses, wins = collections.defaultdict(list), collections.Counter(), collections.Counter()
+    for e in bank.entries("vault"):
+        doors = e.text.strip().lower().split(", ")
+        by_block[e.created // block * block].append(len(doors) > 1)
+        if e.origin >= 0 and len(doors) > 1:
+            env.reset(seed=e.origin)
+            kind = "holds the door" if env.secret in doors else "lacks it"
+            uses[kind], wins[kind] = uses[kind] + e.uses, wins[kind] + e.successes
+    return {"several": {b: (sum(v) / len(v), len(v)) for b, v in sorted(by_block.items())},
+            "success": {k: (wins[k] / uses[k], uses[k]) for k in ("holds the door", "lacks it") if uses[k]}}
+
+
 def extractor_rewards(run: str) -> list[tuple[int, float]]:
     """(iteration, the extractor's reward) at each iteration that took a CISPO step."""
     with open(os.path.join(run, "metrics.jsonl")) as f:
@@ -60,6 +76,11 @@ def main(runs: list[str]):
         print("  by iteration written: " + ", ".join(f"{b}-{b + 9}: {s:.2f} of {n}" for b, (s, n) in shares.items()))
         print("  commonest: " + ", ".join(f"{text!r} {n}" for text, n in common))
         print("  success per use: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in success_by_kind(run).items()))
+        if json.load(open(os.path.join(run, "args.json"))).get("lesson_sets"):
+            got = sets(run)
+            print("  naming several doors, by iteration written: " + ", ".join(
+                f"{b}-{b + 49}: {s:.2f} of {n}" for b, (s, n) in got["several"].items()))
+            print("  success per use of those: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in got["success"].items()))
         print("  extractor reward by CISPO step: " + (", ".join(f"{t}: {r:+.2f}" for t, r in extractor_rewards(run))
                                                        or "none (frozen)"))
 

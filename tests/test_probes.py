@@ -304,6 +304,28 @@ def test_vault_lessons_success_per_use_by_kind(tmp_path):
                                                             "wrong, other": (0.0, 4)}
 
 
+def test_vault_lessons_reads_lesson_sets(tmp_path):
+    """At iteration 3 a set holding its vault's door (won 2 of 2 uses), a set lacking it (0 of 2) and one door; at
+    60 one door: several doors 2/3 in block 0-49 and 0/1 in 50-99; success per use 1.0 holding, 0.0 lacking."""
+    from bank import Operation
+    env = envs.make("vault")
+    seed = next(s for s in range(5, 50) if (env.reset(seed=s), env.secret)[1] != env.actions[0])
+    others = [d for d in env.actions if d != env.secret]
+    holds = f"{others[0]}, {env.secret}"   # the door second, in the env's order
+    bank = ExperienceBank(2)
+    key = torch.tensor([1.0, 0.0])
+    ids = bank.apply([Operation("add", "vault", holds, key=key, step=3, origin=seed),
+                      Operation("add", "vault", ", ".join(others[1:3]), key=key, step=3, origin=seed),
+                      Operation("add", "vault", others[0], key=key, step=3, origin=seed),
+                      Operation("add", "vault", env.secret, key=key, step=60, origin=seed)])
+    for eid, results in zip(ids, ([1, 1], [0, 0])):
+        for won in results:
+            bank.record_use([eid], bool(won))
+    bank.save(tmp_path / "ckpt" / "bank")
+    assert vault_lessons.sets(str(tmp_path)) == {"several": {0: (pytest.approx(2 / 3), 3), 50: (0.0, 1)},
+                                                 "success": {"holds the door": (1.0, 2), "lacks it": (0.0, 2)}}
+
+
 def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
     """Two lessons written at iteration 3 (one names its vault's door, one another door), one at 12 (right), and a
     merged one (no vault): 1/2 right in block 0-9, 1/1 in 10-19, 1 from merges."""
