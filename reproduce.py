@@ -103,10 +103,10 @@ def read_runs(results: str, task: str) -> dict:
     return runs
 
 
-def finals(runs: dict, mode: str, task: str, kind: str, attempt: int = 0) -> dict:
+def finals(runs: dict, mode: str, task: str, kind: str, attempt: int = 0, key: str = "") -> dict:
     """{seed: final held-out success} for kind 'exp' or 'noexp' (at `attempt` of the attempts evaluation, if
-    given), finished runs only."""
-    key = f"attempts/{task}/success_{kind}_{attempt}" if attempt else f"eval/{task}/success_{kind}"
+    given), or {seed: final.json's `key`}, finished runs only."""
+    key = key or (f"attempts/{task}/success_{kind}_{attempt}" if attempt else f"eval/{task}/success_{kind}")
     return {s: r["final"][key] for s, r in runs.get(mode, {}).items() if r["final"] and key in r["final"]}
 
 
@@ -134,17 +134,18 @@ def table(results: str, task: str) -> str:
     runs = read_runs(results, task)
     lines = [f"### {task}", "",
              "| mode | seeds | eval w/ exp | eval w/o exp | w/ − w/o (paired) | extractor reward first → last third "
-             "| lessons right (vault) first → last third |",
-             "|---|---|---|---|---|---|---|"]
+             "| lessons right (vault) first → last third | age of the lesson read (iterations) first → last third |",
+             "|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         if mode not in runs:
             continue
         exp, noexp = finals(runs, mode, task, "exp"), finals(runs, mode, task, "noexp")
         cells = [fmt(*mean_ci(list(d.values()))) if d else "—" for d in (exp, noexp)]
         diff = paired(exp, noexp)
-        trend = [first_to_last(runs[mode], key) for key in ("extractor/reward", "lessons/right_written")]
+        trend = [first_to_last(runs[mode], key) for key in ("extractor/reward", "lessons/right_written",
+                                                             "retrieval/age")]
         lines.append(f"| {mode} | {len(noexp)}/{len(runs[mode])} | {cells[0]} | {cells[1]} | "
-                     f"{fmt(*mean_ci(diff)) if diff else '—'} | {trend[0]} | {trend[1]} |")
+                     f"{fmt(*mean_ci(diff)) if diff else '—'} | " + " | ".join(trend) + " |")
     lines.append("")
     lines += [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode)]
     return "\n".join(lines + attempts_table(runs, task)) + "\n"
@@ -175,6 +176,11 @@ def attempts_table(runs: dict, task: str) -> list[str]:
                 lines.append(f"| {mode} | {label} | " + " | ".join(fmt(*mean_ci(list(c.values()))) if c else "—"
                                                                  for c in cells) + " |")
     lines.append("")
+    for mode in MODES:   # what retrieval served in the evaluation: the lesson the attempt before wrote
+        read = [finals(runs, mode, task, "", a, f"attempts/previous_attempt_{a}") for a in range(2, k + 1)]
+        if any(read):
+            lines.append(f"{mode}: share of episodes that read the lesson the attempt before wrote, at attempt 2 … "
+                         f"{k}: " + " / ".join(fmt(*mean_ci(list(c.values()))) if c else "—" for c in read) + ".  ")
     return lines + [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode, k)]
 
 

@@ -29,7 +29,7 @@ def test_table_from_fabricated_results(tmp_path):
     root = str(tmp_path)
     crl_noexp, crl_exp, grpo = [0.5, 0.6, 0.7], [0.6, 0.6, 0.9], [0.4, 0.5, 0.5]
     for s in range(3):
-        rewards = [{"step": i, "extractor/reward": r, "lessons/right_written": (r + 1) / 2}
+        rewards = [{"step": i, "extractor/reward": r, "lessons/right_written": (r + 1) / 2, "retrieval/age": i + 1}
                    for i, r in enumerate([-0.5, -0.3, 0.1, 0.3, 0.5, 0.7])]
         evals = [{"step": 0, "eval/room/success_noexp": 0.2, "eval/room/success_exp": 0.1}]
         _run(root, "crl", s, {"eval/room/success_noexp": crl_noexp[s], "eval/room/success_exp": crl_exp[s]},
@@ -48,6 +48,7 @@ def test_table_from_fabricated_results(tmp_path):
     # extractor reward over the first and last third of its 6 steps: (-0.5 - 0.3) / 2 and (0.5 + 0.7) / 2
     assert rows["crl"][4] == "-0.400 ± 0.000 → 0.600 ± 0.000"
     assert rows["crl"][5] == "0.300 ± 0.000 → 0.800 ± 0.000" and rows["grpo"][5] == "—"   # (x + 1) / 2 of those
+    assert rows["crl"][6] == "1.500 ± 0.000 → 5.500 ± 0.000" and rows["grpo"][6] == "—"   # ages 1, 2 and 5, 6
     assert rows["grpo"][1] == "—" and rows["grpo"][2] == "0.467 ± 0.143"
     # CRL w/o exp - GRPO paired: [0.1, 0.1, 0.2] -> mean 0.1333, sd 0.0577, half-width 0.1434: contains zero
     assert "CRL (eval without experience) − GRPO, paired by seed: 0.133 ± 0.143 over 3 seed(s); the 95% " \
@@ -156,6 +157,7 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
         crl = {"eval/vault/success_exp": 0.3, "eval/vault/success_noexp": 0.3}
         crl.update({f"attempts/vault/success_exp_{a}": x for a, x in ((1, a1), (2, (a1 + a3) / 2), (3, a3))})
         crl.update({f"attempts/vault/success_noexp_{a}": 0.35 for a in (1, 2, 3)})
+        crl.update({"attempts/previous_attempt_2": 1.0, "attempts/previous_attempt_3": 0.5 + s / 4})
         _run(root, "crl", s, crl, [], "vault")
         _run(root, "grpo", s, {"eval/vault/success_noexp": 0.4, **{f"attempts/vault/success_noexp_{a}": 0.4 + s / 10
                                                                   for a in (1, 2, 3)}}, [], "vault")
@@ -166,3 +168,6 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
     # attempt 3, with experience: [0.6 - 0.4, 0.8 - 0.5] = [0.2, 0.3]: mean 0.25, sd 0.0707, 12.706 * 0.05 = 0.635
     assert "CRL (eval with experience, attempt 3) − GRPO, paired by seed: 0.250 ± 0.635 over 2 seed(s)" in text
     assert "CRL (eval with experience) − GRPO, paired by seed: -0.100 ± 0.000" in text   # the plain evaluation too
+    # the previous attempt's lesson read: 1.0 at attempt 2; [0.5, 0.75] at 3: sd 0.1768, 12.706 * 0.125 = 1.588
+    assert "crl: share of episodes that read the lesson the attempt before wrote, at attempt 2 … 3: 1.000 ± 0.000 " \
+           "/ 0.625 ± 1.588." in text and "grpo: share" not in text
