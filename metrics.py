@@ -58,7 +58,8 @@ def lesson_age(eps, now: int) -> dict:
 def vault_lessons(eps, ops) -> dict:
     """On the vault, where a lesson can be checked: the share of the lessons distilled this iteration that name
     the door of the vault they came from, and of the lessons read that name the reader's door (over every rank;
-    a lesson's first word counts, chance 1/8)."""
+    a lesson's first word counts, chance 1/8; a set of several doors, `north, east`, never counts: its first word
+    keeps the comma)."""
     def right(text, seed):
         return text.strip().lower().split(" ")[:1] == [envs.vault_secret(envs.vault_name(seed))]
     written = [right(op.text, op.origin) for op in ops if op.task == "vault" and op.kind in ("add", "update")]
