@@ -103,10 +103,15 @@ def read_runs(results: str, task: str) -> dict:
     return runs
 
 
-def finals(runs: dict, mode: str, task: str, kind: str, attempt: int = 0, key: str = "") -> dict:
+def finals(runs: dict, mode: str, task: str, kind: str, attempt: int = 0) -> dict:
     """{seed: final held-out success} for kind 'exp' or 'noexp' (at `attempt` of the attempts evaluation, if
-    given), or {seed: final.json's `key`}, finished runs only."""
-    key = key or (f"attempts/{task}/success_{kind}_{attempt}" if attempt else f"eval/{task}/success_{kind}")
+    given), finished runs only."""
+    return final_values(runs, mode, f"attempts/{task}/success_{kind}_{attempt}" if attempt
+                        else f"eval/{task}/success_{kind}")
+
+
+def final_values(runs: dict, mode: str, key: str) -> dict:
+    """{seed: final.json's `key`} over a mode's finished runs that have it."""
     return {s: r["final"][key] for s, r in runs.get(mode, {}).items() if r["final"] and key in r["final"]}
 
 
@@ -177,7 +182,7 @@ def attempts_table(runs: dict, task: str) -> list[str]:
                                                                  for c in cells) + " |")
     lines.append("")
     for mode in MODES:   # what retrieval served in the evaluation: the lesson the attempt before wrote
-        read = [finals(runs, mode, task, "", a, f"attempts/previous_attempt_{a}") for a in range(2, k + 1)]
+        read = [final_values(runs, mode, f"attempts/previous_attempt_{a}") for a in range(2, k + 1)]
         if any(read):
             lines.append(f"{mode}: share of episodes that read the lesson the attempt before wrote, at attempt 2 … "
                          f"{k}: " + " / ".join(fmt(*mean_ci(list(c.values()))) if c else "—" for c in read) + ".  ")
