@@ -76,7 +76,8 @@ from model import Sampling, Session, generate
 from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
                       world)
 from small.grammar import Constraint, heads_for
-from metrics import episode_metrics, retrieval_metrics, same_instance, searches, success_metrics, vault_lessons
+from metrics import (episode_metrics, retrieval_metrics, same_instance, searches, success_metrics, vault_lessons,
+                     wrote_share)
 
 
 MODES = ("crl", "grpo", "static", "exp-only")
@@ -1192,7 +1193,8 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
     once with and once without experience a round; after each round the frozen extractor distils the round's
     with-experience episodes into a copy of the bank, which the next round retrieves from. Weights stay
     frozen and the run's own bank untouched. Without memory success stays flat over the attempts; a working
-    memory makes it rise. Returns success (and the retrieval's same-instance share) at each attempt."""
+    memory makes it rise. Returns success, the retrieval's same-instance share and the share of instances the
+    extractor wrote a lesson for (the rest answered NONE) at each attempt."""
     specs, out = held_out_specs(run, tasks, instances), {}
     bank, counters, timer = (run.manager.bank if run.manager else None), run.counters, run.timer
     run.counters, run.timer = {k: 0 for k in ("parse_failures", "operations")}, {"extractor": 0.0}
@@ -1208,6 +1210,7 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
                 rng = seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
                 with parallel.full_weights(run, actor=False):
                     ops = distill(run, [e for e in eps if e.with_exp], EVAL_STEP + a, rng, record=False)
+                out[f"attempts/wrote_{a}"] = wrote_share(eps, ops)
                 apply_everywhere(run, ops)
     finally:
         if bank is not None:

@@ -47,6 +47,13 @@ def same_instance(eps, prefix: str, written_at: int | None = None) -> dict:
     return out
 
 
+def wrote_share(eps, ops) -> float:
+    """The share of the with-experience instances whose distillation wrote a lesson (added or updated one);
+    the rest answered NONE, so the next attempt reads an older lesson of theirs, if any (over every rank)."""
+    wrote = {op.origin for op in ops if op.kind in ("add", "update")}
+    return all_reduce_sum(len(wrote)) / all_reduce_sum(sum(e.with_exp for e in eps))
+
+
 def lesson_age(eps, now: int) -> dict:
     """How old the lessons the actor read are: the mean, over episodes given one, of the iterations since its
     top lesson was written (over every rank). Small when retrieval serves what the extractor writes now."""

@@ -181,11 +181,15 @@ def attempts_table(runs: dict, task: str) -> list[str]:
                 lines.append(f"| {mode} | {label} | " + " | ".join(fmt(*mean_ci(list(c.values()))) if c else "—"
                                                                  for c in cells) + " |")
     lines.append("")
-    for mode in MODES:   # what retrieval served in the evaluation: the lesson the attempt before wrote
+    def shares(cells: list[dict]) -> str:
+        return " / ".join(fmt(*mean_ci(list(c.values()))) if c else "—" for c in cells)
+    for mode in MODES:   # what retrieval served in the evaluation: the lesson the attempt before wrote, if it wrote
         read = [final_values(runs, mode, f"attempts/previous_attempt_{a}") for a in range(2, k + 1)]
+        wrote = [final_values(runs, mode, f"attempts/wrote_{a}") for a in range(1, k)]
         if any(read):
             lines.append(f"{mode}: share of episodes that read the lesson the attempt before wrote, at attempt 2 … "
-                         f"{k}: " + " / ".join(fmt(*mean_ci(list(c.values()))) if c else "—" for c in read) + ".  ")
+                         f"{k}: {shares(read)}" + (f"; share of instances given a lesson (not NONE) after attempt "
+                                                   f"1 … {k - 1}: {shares(wrote)}" if any(wrote) else "") + ".  ")
     return lines + [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode, k)]
 
 

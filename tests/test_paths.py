@@ -393,6 +393,8 @@ def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):
     # attempt 3 reads attempt 2's lesson (the newest of the vault's equally near ones), not attempt 1's
     assert out["attempts/previous_attempt_2"] == sum(known[0]) / 8 > 0
     assert out["attempts/previous_attempt_3"] == sum(known[1]) / 8 and "attempts/previous_attempt_1" not in out
+    # the extractor wrote for each with-experience success and answered NONE for each loss; none after the last
+    assert [out.get(f"attempts/wrote_{a}") for a in (1, 2, 3)] == [sum(known[0]) / 8, sum(known[1]) / 8, None]
     assert [e.text for e in manager.bank.entries("vault")] == ["nowhere: north"] and run.generations == {}
 
 

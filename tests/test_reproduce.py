@@ -158,6 +158,7 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
         crl.update({f"attempts/vault/success_exp_{a}": x for a, x in ((1, a1), (2, (a1 + a3) / 2), (3, a3))})
         crl.update({f"attempts/vault/success_noexp_{a}": 0.35 for a in (1, 2, 3)})
         crl.update({"attempts/previous_attempt_2": 1.0, "attempts/previous_attempt_3": 0.5 + s / 4})
+        crl.update({"attempts/wrote_1": 0.5, **({"attempts/wrote_2": 0.25} if s else {})})   # seed 0 ran without it
         _run(root, "crl", s, crl, [], "vault")
         _run(root, "grpo", s, {"eval/vault/success_noexp": 0.4, **{f"attempts/vault/success_noexp_{a}": 0.4 + s / 10
                                                                   for a in (1, 2, 3)}}, [], "vault")
@@ -170,4 +171,5 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
     assert "CRL (eval with experience) − GRPO, paired by seed: -0.100 ± 0.000" in text   # the plain evaluation too
     # the previous attempt's lesson read: 1.0 at attempt 2; [0.5, 0.75] at 3: sd 0.1768, 12.706 * 0.125 = 1.588
     assert "crl: share of episodes that read the lesson the attempt before wrote, at attempt 2 … 3: 1.000 ± 0.000 " \
-           "/ 0.625 ± 1.588." in text and "grpo: share" not in text
+           "/ 0.625 ± 1.588; share of instances given a lesson (not NONE) after attempt 1 … 2: 0.500 ± 0.000 / " \
+           "0.250." in text and "grpo: share" not in text
