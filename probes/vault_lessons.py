@@ -1,7 +1,7 @@
 """Do a vault run's lessons name the right door? Run: python -m probes.vault_lessons RUN_DIR [RUN_DIR ...]
 
 Reads the bank of a run's last checkpoint (RUN/ckpt/bank): every lesson distilled from an episode remembers
-the vault it came from (Entry.origin), whose door envs.Vault knows. Prints the share of lessons whose text is
+the vault it came from (Entry.origin), whose door envs.vault_secret gives. Prints the share of lessons whose text is
 that door, by the iteration they were written in (chance: 1/8), the commonest lessons, what the actor made of
 each kind of lesson it read (success per use of the right ones, of wrong ones naming the commonest lesson's door,
 and of the other wrong ones: which lesson the outcome credit favours), and the extractor's reward at each of its
@@ -16,46 +16,49 @@ import envs
 from bank import ExperienceBank
 
 
-def rightness(run: str) -> tuple[dict, list, int]:
+def lessons(run: str) -> list:
+    """The vault lessons of the run's last checkpoint, read once for every reading below."""
+    return ExperienceBank.load(f"{run}/ckpt/bank").entries("vault")
+
+
+def door(seed: int) -> str:
+    """The door that opens the vault `seed` plays."""
+    return envs.vault_secret(envs.vault_name(seed))
+
+
+def rightness(entries: list) -> tuple[dict, list, int]:
     """{first iteration of a block of 10: (share right, lessons)}, the commonest texts, lessons of no vault."""
-    bank, env = ExperienceBank.load(f"{run}/ckpt/bank"), envs.make("vault")
-    entries = bank.entries("vault")
     by_block = collections.defaultdict(list)
     for e in entries:
         if e.origin >= 0:
-            env.reset(seed=e.origin)
-            by_block[e.created // 10 * 10].append(e.text.strip().lower() == env.secret)
+            by_block[e.created // 10 * 10].append(e.text.strip().lower() == door(e.origin))
     shares = {b: (sum(v) / len(v), len(v)) for b, v in sorted(by_block.items())}
     return shares, collections.Counter(e.text for e in entries).most_common(5), sum(e.origin < 0 for e in entries)
 
 
-def success_by_kind(run: str) -> dict:
+def success_by_kind(entries: list) -> dict:
     """{kind: (success per use, uses)} over the lessons the actor read: right, wrong naming the commonest lesson
     (a door the lesson names whatever the vault), other wrong."""
-    bank, env = ExperienceBank.load(f"{run}/ckpt/bank"), envs.make("vault")
-    entries = [e for e in bank.entries("vault") if e.origin >= 0]
+    entries = [e for e in entries if e.origin >= 0]
     common = collections.Counter(e.text.strip().lower() for e in entries).most_common(1)[0][0] if entries else None
     uses, wins = collections.Counter(), collections.Counter()
     for e in entries:
-        env.reset(seed=e.origin)
         text = e.text.strip().lower()
-        kind = "right" if text == env.secret else f"wrong, {common}" if text == common else "wrong, other"
+        kind = "right" if text == door(e.origin) else f"wrong, {common}" if text == common else "wrong, other"
         uses[kind] += e.uses
         wins[kind] += e.successes
     return {k: (wins[k] / uses[k], uses[k]) for k in ("right", f"wrong, {common}", "wrong, other") if uses[k]}
 
 
-def sets(run: str, block: int = 50) -> dict:
+def sets(entries: list, block: int = 50) -> dict:
     """With --lesson-sets: {first iteration of a block: (share of lessons naming several doors, lessons)}, and the
     success per use of the several-door lessons that hold their vault's door and of those that do not."""
-    bank, env = ExperienceBank.load(f"{run}/ckpt/bank"), envs.make("vault")
     by_block, uses, wins = collections.defaultdict(list), collections.Counter(), collections.Counter()
-    for e in bank.entries("vault"):
+    for e in entries:
         doors = e.text.strip().lower().split(", ")
         by_block[e.created // block * block].append(len(doors) > 1)
         if e.origin >= 0 and len(doors) > 1:
-            env.reset(seed=e.origin)
-            kind = "holds the door" if env.secret in doors else "lacks it"
+            kind = "holds the door" if door(e.origin) in doors else "lacks it"
             uses[kind], wins[kind] = uses[kind] + e.uses, wins[kind] + e.successes
     return {"several": {b: (sum(v) / len(v), len(v)) for b, v in sorted(by_block.items())},
             "success": {k: (wins[k] / uses[k], uses[k]) for k in ("holds the door", "lacks it") if uses[k]}}
@@ -70,14 +73,15 @@ def extractor_rewards(run: str) -> list[tuple[int, float]]:
 
 def main(runs: list[str]):
     for run in runs:
-        shares, common, merged = rightness(run)
+        entries = lessons(run)
+        shares, common, merged = rightness(entries)
         right = sum(s * n for s, n in shares.values()) / max(1, sum(n for _, n in shares.values()))
         print(f"{run}: {right:.3f} of lessons name their vault's door (chance 0.125); {merged} from merges")
         print("  by iteration written: " + ", ".join(f"{b}-{b + 9}: {s:.2f} of {n}" for b, (s, n) in shares.items()))
         print("  commonest: " + ", ".join(f"{text!r} {n}" for text, n in common))
-        print("  success per use: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in success_by_kind(run).items()))
+        print("  success per use: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in success_by_kind(entries).items()))
         if json.load(open(os.path.join(run, "args.json"))).get("lesson_sets"):
-            got = sets(run)
+            got = sets(entries)
             print("  naming several doors, by iteration written: " + ", ".join(
                 f"{b}-{b + 49}: {s:.2f} of {n}" for b, (s, n) in got["several"].items()))
             print("  success per use of those: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in got["success"].items()))

@@ -300,7 +300,7 @@ def test_vault_lessons_success_per_use_by_kind(tmp_path):
         for won in results:
             bank.record_use([eid], bool(won))
     bank.save(tmp_path / "ckpt" / "bank")
-    assert vault_lessons.success_by_kind(str(tmp_path)) == {"right": (0.75, 4), f"wrong, {w}": (0.5, 4),
+    assert vault_lessons.success_by_kind(vault_lessons.lessons(str(tmp_path))) == {"right": (0.75, 4), f"wrong, {w}": (0.5, 4),
                                                             "wrong, other": (0.0, 4)}
 
 
@@ -322,7 +322,7 @@ def test_vault_lessons_reads_lesson_sets(tmp_path):
         for won in results:
             bank.record_use([eid], bool(won))
     bank.save(tmp_path / "ckpt" / "bank")
-    assert vault_lessons.sets(str(tmp_path)) == {"several": {0: (pytest.approx(2 / 3), 3), 50: (0.0, 1)},
+    assert vault_lessons.sets(vault_lessons.lessons(str(tmp_path))) == {"several": {0: (pytest.approx(2 / 3), 3), 50: (0.0, 1)},
                                                  "success": {"holds the door": (1.0, 2), "lacks it": (0.0, 2)}}
 
 
@@ -340,7 +340,7 @@ def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
                 Operation("add", "vault", secrets[1], key=key, step=12, origin=6),
                 Operation("add", "vault", "north", key=key, step=12)])
     bank.save(tmp_path / "ckpt" / "bank")
-    shares, common, merged = vault_lessons.rightness(str(tmp_path))
+    shares, common, merged = vault_lessons.rightness(vault_lessons.lessons(str(tmp_path)))
     assert shares == {0: (0.5, 2), 10: (1.0, 1)} and merged == 1
     rows = [{"step": 0}, {"step": 1, "extractor/reward": -0.5}, {"step": 2}, {"step": 3, "extractor/reward": 0.25}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
