@@ -66,13 +66,17 @@ def vault_lessons(eps, ops) -> dict:
     """On the vault, where a lesson can be checked: the share of the lessons distilled this iteration that name
     the door of the vault they came from, and of the lessons read that name the reader's door (over every rank;
     a lesson's first word counts, chance 1/8; a set of several doors, `north, east`, never counts: its first word
-    keeps the comma)."""
+    keeps the comma), and the success of the episodes that read a right lesson and of those that read a wrong one.
+    Counted here, as the episodes end: the last bank keeps no record of a lesson an update replaced."""
     def right(text, seed):
         return text.strip().lower().split(" ")[:1] == [envs.vault_secret(envs.vault_name(seed))]
     written = [right(op.text, op.origin) for op in ops if op.task == "vault" and op.kind in ("add", "update")]
-    read = [right(e.lessons[0], e.seed) for e in eps if e.task == "vault" and e.lessons]
+    readers = [e for e in eps if e.task == "vault" and e.lessons]
+    read = [right(e.lessons[0], e.seed) for e in readers]
     out = {}
-    for name, marks in (("lessons/right_written", written), ("lessons/right_read", read)):
+    for name, marks in (("lessons/right_written", written), ("lessons/right_read", read),
+                        ("lessons/won_after_right", [e.success for e, r in zip(readers, read) if r]),
+                        ("lessons/won_after_wrong", [e.success for e, r in zip(readers, read) if not r])):
         n = all_reduce_sum(len(marks))
         if n:
             out[name] = all_reduce_sum(sum(marks)) / n

@@ -6,6 +6,11 @@ that door, by the iteration they were written in (chance: 1/8), the commonest le
 each kind of lesson it read (success per use of the right ones, of wrong ones naming the commonest lesson's door,
 and of the other wrong ones: which lesson the outcome credit favours), and the extractor's reward at each of its
 CISPO steps (RUN/metrics.jsonl; none for a frozen extractor).
+
+The use counts are the last bank's, and an update takes the uses of the lessons it replaces with it: an extractor
+that updates after a win and answers NONE after a loss leaves mostly the lost uses. The share of writes that were
+updates is printed beside them, and for runs that logged it, the success after a right and after a wrong lesson
+counted as the episodes ended (RUN/metrics.jsonl), which loses nothing.
 """
 import collections
 import json
@@ -16,9 +21,12 @@ import envs
 from bank import ExperienceBank
 
 
-def lessons(run: str) -> list:
-    """The vault lessons of the run's last checkpoint, read once for every reading below."""
-    return ExperienceBank.load(f"{run}/ckpt/bank").entries("vault")
+def lessons(run: str) -> tuple[list, float]:
+    """The vault lessons of the run's last checkpoint, read once for every reading below, and the share of its
+    writes that were updates: an update replaces the lessons it names, and their uses go with them."""
+    bank = ExperienceBank.load(f"{run}/ckpt/bank")
+    writes = bank.stats.get("added", 0) + bank.stats.get("updated", 0)
+    return bank.entries("vault"), bank.stats.get("updated", 0) / max(1, writes)
 
 
 def door(seed: int) -> str:
@@ -64,28 +72,49 @@ def sets(entries: list, block: int = 50) -> dict:
             "success": {k: (wins[k] / uses[k], uses[k]) for k in ("holds the door", "lacks it") if uses[k]}}
 
 
-def extractor_rewards(run: str) -> list[tuple[int, float]]:
-    """(iteration, the extractor's reward) at each iteration that took a CISPO step."""
+def metric_rows(run: str) -> list[dict]:
     with open(os.path.join(run, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def extractor_rewards(rows: list[dict]) -> list[tuple[int, float]]:
+    """(iteration, the extractor's reward) at each iteration that took a CISPO step."""
     return [(r["step"], r["extractor/reward"]) for r in rows if "extractor/reward" in r]
+
+
+def won_after(rows: list[dict]) -> dict:
+    """{right, wrong: success of the episodes that read such a lesson, by third of the run}: the mean over the
+    iterations that had such readers; counted as the episodes ended (metrics.vault_lessons), so unlike the last
+    bank's use counts it misses nothing an update replaced. Empty for runs logged before it was counted."""
+    out = {}
+    for kind in ("right", "wrong"):
+        marks = [r[f"lessons/won_after_{kind}"] for r in rows if f"lessons/won_after_{kind}" in r]
+        if marks:
+            cuts = [0, len(marks) // 3, 2 * len(marks) // 3, len(marks)]
+            out[kind] = [sum(marks[a:b]) / (b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return out
 
 
 def main(runs: list[str]):
     for run in runs:
-        entries = lessons(run)
+        (entries, updates), rows = lessons(run), metric_rows(run)
         shares, common, merged = rightness(entries)
         right = sum(s * n for s, n in shares.values()) / max(1, sum(n for _, n in shares.values()))
         print(f"{run}: {right:.3f} of lessons name their vault's door (chance 0.125); {merged} from merges")
         print("  by iteration written: " + ", ".join(f"{b}-{b + 9}: {s:.2f} of {n}" for b, (s, n) in shares.items()))
         print("  commonest: " + ", ".join(f"{text!r} {n}" for text, n in common))
-        print("  success per use: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in success_by_kind(entries).items()))
+        print("  success per use, from the last bank: " + ", ".join(
+            f"{k} {s:.3f} of {n}" for k, (s, n) in success_by_kind(entries).items()) +
+            f" ({updates:.2f} of the writes were updates, whose replaced lessons' uses are not counted)")
+        if won_after(rows):
+            print("  success after reading a lesson, by third of the run: " + ", ".join(
+                f"{k} " + " / ".join(f"{x:.3f}" for x in v) for k, v in won_after(rows).items()))
         if json.load(open(os.path.join(run, "args.json"))).get("lesson_sets"):
             got = sets(entries)
             print("  naming several doors, by iteration written: " + ", ".join(
                 f"{b}-{b + 49}: {s:.2f} of {n}" for b, (s, n) in got["several"].items()))
             print("  success per use of those: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in got["success"].items()))
-        print("  extractor reward by CISPO step: " + (", ".join(f"{t}: {r:+.2f}" for t, r in extractor_rewards(run))
+        print("  extractor reward by CISPO step: " + (", ".join(f"{t}: {r:+.2f}" for t, r in extractor_rewards(rows))
                                                        or "none (frozen)"))
 
 

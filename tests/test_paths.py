@@ -411,4 +411,11 @@ def test_vault_lessons_count_the_lessons_that_name_their_vaults_door():
     eps = [crl.Episode("vault", 5, 0, True, lessons=[door[5]]), crl.Episode("vault", 5, 0, True, lessons=[door[6]]),
            crl.Episode("vault", 5, 0, False)]
     out = metrics.vault_lessons(eps, ops)
-    assert out == {"lessons/right_written": 2 / 3, "lessons/right_read": (1 + (door[6] == door[5])) / 2}
+    assert out["lessons/right_written"] == 2 / 3 and out["lessons/right_read"] == (1 + (door[6] == door[5])) / 2
+    # success after a right and after a wrong lesson: the right reader won, another right reader lost, the wrong lost
+    wrong5 = next(d for d in envs.Vault.actions if d != door[5])
+    eps = [crl.Episode("vault", 5, 0, True, lessons=[door[5]], success=True),
+           crl.Episode("vault", 5, 0, True, lessons=[door[5]]), crl.Episode("vault", 5, 0, True, lessons=[wrong5]),
+           crl.Episode("vault", 5, 0, False, success=True)]
+    out = metrics.vault_lessons(eps, [])
+    assert out == {"lessons/right_read": 2 / 3, "lessons/won_after_right": 1 / 2, "lessons/won_after_wrong": 0.0}

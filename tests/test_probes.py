@@ -300,8 +300,9 @@ def test_vault_lessons_success_per_use_by_kind(tmp_path):
         for won in results:
             bank.record_use([eid], bool(won))
     bank.save(tmp_path / "ckpt" / "bank")
-    assert vault_lessons.success_by_kind(vault_lessons.lessons(str(tmp_path))) == {"right": (0.75, 4), f"wrong, {w}": (0.5, 4),
-                                                            "wrong, other": (0.0, 4)}
+    entries, _ = vault_lessons.lessons(str(tmp_path))
+    assert vault_lessons.success_by_kind(entries) == {"right": (0.75, 4), f"wrong, {w}": (0.5, 4),
+                                                      "wrong, other": (0.0, 4)}
 
 
 def test_vault_lessons_reads_lesson_sets(tmp_path):
@@ -322,8 +323,9 @@ def test_vault_lessons_reads_lesson_sets(tmp_path):
         for won in results:
             bank.record_use([eid], bool(won))
     bank.save(tmp_path / "ckpt" / "bank")
-    assert vault_lessons.sets(vault_lessons.lessons(str(tmp_path))) == {"several": {0: (pytest.approx(2 / 3), 3), 50: (0.0, 1)},
-                                                 "success": {"holds the door": (1.0, 2), "lacks it": (0.0, 2)}}
+    entries, _ = vault_lessons.lessons(str(tmp_path))
+    assert vault_lessons.sets(entries) == {"several": {0: (pytest.approx(2 / 3), 3), 50: (0.0, 1)},
+                                           "success": {"holds the door": (1.0, 2), "lacks it": (0.0, 2)}}
 
 
 def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
@@ -340,11 +342,30 @@ def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
                 Operation("add", "vault", secrets[1], key=key, step=12, origin=6),
                 Operation("add", "vault", "north", key=key, step=12)])
     bank.save(tmp_path / "ckpt" / "bank")
-    shares, common, merged = vault_lessons.rightness(vault_lessons.lessons(str(tmp_path)))
+    shares, common, merged = vault_lessons.rightness(vault_lessons.lessons(str(tmp_path))[0])
     assert shares == {0: (0.5, 2), 10: (1.0, 1)} and merged == 1
     rows = [{"step": 0}, {"step": 1, "extractor/reward": -0.5}, {"step": 2}, {"step": 3, "extractor/reward": 0.25}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert vault_lessons.extractor_rewards(str(tmp_path)) == [(1, -0.5), (3, 0.25)]
+    assert vault_lessons.extractor_rewards(vault_lessons.metric_rows(str(tmp_path))) == [(1, -0.5), (3, 0.25)]
+
+
+def test_vault_lessons_reads_success_after_a_lesson_from_the_episodes_not_the_bank(tmp_path):
+    """Success after a right lesson in 6 iterations, 1 / 0 / 1 / 1 / 0.5 / 0.5: thirds 0.5 / 1.0 / 0.5; after a
+    wrong one in 3, 0 / 0.5 / 1. A bank of 2 adds and an update that replaced one of them: 1/3 of its writes
+    were updates, 2 lessons left."""
+    from bank import Operation
+    right, wrong = [1, 0, 1, 1, 0.5, 0.5], [0, 0.5, 1]
+    rows = [{"step": i, "lessons/won_after_right": r, **({"lessons/won_after_wrong": wrong[i // 2]} if i % 2 else {})}
+            for i, r in enumerate(right)]
+    assert vault_lessons.won_after(rows) == {"right": [0.5, 1.0, 0.5], "wrong": [0.0, 0.5, 1.0]}
+    assert vault_lessons.won_after([{"step": 0}]) == {}
+    bank, key = ExperienceBank(2), torch.tensor([1.0, 0.0])
+    ids = bank.apply([Operation("add", "vault", "north", key=key, origin=5),
+                      Operation("add", "vault", "south", key=key, origin=6)])
+    bank.apply([Operation("update", "vault", "east", (ids[0],), key=key, origin=5)])
+    bank.save(tmp_path / "ckpt" / "bank")
+    entries, updates = vault_lessons.lessons(str(tmp_path))
+    assert sorted(e.text for e in entries) == ["east", "south"] and updates == 1 / 3
 
 
 def test_door_shares_by_hand():
