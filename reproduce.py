@@ -174,22 +174,23 @@ def attempts_table(runs: dict, task: str) -> list[str]:
              f"into a copy of the bank (success at attempt 1 … {k}):", "",
              "| mode | eval | " + " | ".join(f"attempt {a}" for a in range(1, k + 1)) + " |",
              "|---|---|" + "---|" * k]
+
+    def means(cells: list[dict], sep: str) -> str:   # each attempt's {seed: value}, as mean ± 95% interval
+        return sep.join(fmt(*mean_ci(list(c.values()))) if c else "—" for c in cells)
     for mode in MODES:
         for kind, label in (("exp", "w/ exp"), ("noexp", "w/o exp")):
             cells = [finals(runs, mode, task, kind, a) for a in range(1, k + 1)]
             if any(cells):
-                lines.append(f"| {mode} | {label} | " + " | ".join(fmt(*mean_ci(list(c.values()))) if c else "—"
-                                                                 for c in cells) + " |")
+                lines.append(f"| {mode} | {label} | {means(cells, ' | ')} |")
     lines.append("")
-    def shares(cells: list[dict]) -> str:
-        return " / ".join(fmt(*mean_ci(list(c.values()))) if c else "—" for c in cells)
     for mode in MODES:   # what retrieval served in the evaluation: the lesson the attempt before wrote, if it wrote
         read = [final_values(runs, mode, f"attempts/previous_attempt_{a}") for a in range(2, k + 1)]
         wrote = [final_values(runs, mode, f"attempts/wrote_{a}") for a in range(1, k)]
+        given = (f"; share of instances given a lesson (not NONE) after attempt 1 … {k - 1}: {means(wrote, ' / ')}"
+                 if any(wrote) else "")
         if any(read):
             lines.append(f"{mode}: share of episodes that read the lesson the attempt before wrote, at attempt 2 … "
-                         f"{k}: {shares(read)}" + (f"; share of instances given a lesson (not NONE) after attempt "
-                                                   f"1 … {k - 1}: {shares(wrote)}" if any(wrote) else "") + ".  ")
+                         f"{k}: {means(read, ' / ')}{given}.  ")
     return lines + [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode, k)]
 
 

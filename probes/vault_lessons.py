@@ -106,9 +106,10 @@ def main(runs: list[str]):
         print("  success per use, from the last bank: " + ", ".join(
             f"{k} {s:.3f} of {n}" for k, (s, n) in success_by_kind(entries).items()) +
             f" ({updates:.2f} of the writes were updates, whose replaced lessons' uses are not counted)")
-        if won_after(rows):
+        after = won_after(rows)
+        if after:
             print("  success after reading a lesson, by third of the run: " + ", ".join(
-                f"{k} " + " / ".join(f"{x:.3f}" for x in v) for k, v in won_after(rows).items()))
+                f"{k} " + " / ".join(f"{x:.3f}" for x in v) for k, v in after.items()))
         if json.load(open(os.path.join(run, "args.json"))).get("lesson_sets"):
             got = sets(entries)
             print("  naming several doors, by iteration written: " + ", ".join(
