@@ -121,14 +121,15 @@ def last_attempt(runs: dict, task: str) -> int:
     return max([int(k.rsplit("_", 1)[1]) for k in keys if k.startswith(f"attempts/{task}/success_")], default=0)
 
 
-def first_last(rows: list[dict], key: str) -> tuple[float, float] | None:
-    """The mean of a metric over the first and the last third of the iterations that logged it (the extractor's
-    reward: its CISPO steps; the vault's lessons right: the iterations that distilled)."""
+def thirds(rows: list[dict], key: str) -> list[float] | None:
+    """The mean of a metric over the first, the middle and the last third of the iterations that logged it (the
+    extractor's reward: its CISPO steps; the vault's lessons right: the iterations that distilled); the first and
+    last thirds are equal in size, the middle takes the remainder."""
     values = [r[key] for r in rows if key in r]
     if len(values) < 3:
         return None
-    third = len(values) // 3
-    return sum(values[:third]) / third, sum(values[-third:]) / third
+    t = len(values) // 3
+    return [sum(part) / len(part) for part in (values[:t], values[t:-t], values[-t:])]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def table(results: str, task: str) -> str:
 
 def first_to_last(runs: dict, key: str) -> str:
     """A cell: the metric's first-third and last-third means over a mode's finished runs (95% intervals)."""
-    pairs = [x for x in (first_last(r["rows"], key) for r in runs.values() if r["final"]) if x]
+    pairs = [(x[0], x[-1]) for x in (thirds(r["rows"], key) for r in runs.values() if r["final"]) if x]
     if not pairs:
         return "—"
     return f"{fmt(*mean_ci([a for a, _ in pairs]))} → {fmt(*mean_ci([b for _, b in pairs]))}"

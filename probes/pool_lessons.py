@@ -46,7 +46,7 @@ def halves(run: Path):
         w, wo = ([r[f"train/room/success_{k}"] for r in part] for k in ("exp", "noexp"))
         gap = reproduce.fmt(*reproduce.mean_ci([a - b for a, b in zip(w, wo)]))
         print(f"{name}: without {sum(wo) / len(wo):.3f}, with {sum(w) / len(w):.3f}, with − without {gap}")
-    first, last = reproduce.first_last(rows, "extractor/reward") or (float("nan"),) * 2
+    first, _, last = reproduce.thirds(rows, "extractor/reward") or (float("nan"),) * 3
     print(f"extractor reward, first → last third of its CISPO steps: {first:.2f} → {last:.2f}")
 
 

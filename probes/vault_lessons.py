@@ -18,6 +18,7 @@ import os
 import sys
 
 import envs
+import reproduce
 from bank import ExperienceBank
 
 
@@ -85,14 +86,10 @@ def extractor_rewards(rows: list[dict]) -> list[tuple[int, float]]:
 def won_after(rows: list[dict]) -> dict:
     """{right, wrong: success of the episodes that read such a lesson, by third of the run}: the mean over the
     iterations that had such readers; counted as the episodes ended (metrics.vault_lessons), so unlike the last
-    bank's use counts it misses nothing an update replaced. Empty for runs logged before it was counted."""
-    out = {}
-    for kind in ("right", "wrong"):
-        marks = [r[f"lessons/won_after_{kind}"] for r in rows if f"lessons/won_after_{kind}" in r]
-        if marks:
-            cuts = [0, len(marks) // 3, 2 * len(marks) // 3, len(marks)]
-            out[kind] = [sum(marks[a:b]) / (b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
-    return out
+    bank's use counts it misses nothing an update replaced. Empty for runs logged before it was counted, or with
+    fewer than three such iterations."""
+    by_kind = {kind: reproduce.thirds(rows, f"lessons/won_after_{kind}") for kind in ("right", "wrong")}
+    return {kind: means for kind, means in by_kind.items() if means}
 
 
 def main(runs: list[str]):
