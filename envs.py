@@ -741,6 +741,11 @@ def vault_secret(name: str) -> str:
     return _MOVES[_stable_hash(f"vault door {name}") % len(_MOVES)]
 
 
+def vault_door(seed: int) -> str:
+    """The door that opens the vault episode seed `seed` plays: what a lesson about that vault should name."""
+    return vault_secret(vault_name(seed))
+
+
 class Vault:
     """A vault with eight doors, one of which opens. The vault's name, shown in the first observation, is
     all that tells vaults apart; its open door is `vault_secret(name)` and is shown by nothing until it

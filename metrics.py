@@ -69,7 +69,7 @@ def vault_lessons(eps, ops) -> dict:
     keeps the comma), and the success of the episodes that read a right lesson and of those that read a wrong one.
     Counted here, as the episodes end: the last bank keeps no record of a lesson an update replaced."""
     def right(text, seed):
-        return text.strip().lower().split(" ")[:1] == [envs.vault_secret(envs.vault_name(seed))]
+        return text.strip().lower().split(" ")[:1] == [envs.vault_door(seed)]
     written = [right(op.text, op.origin) for op in ops if op.task == "vault" and op.kind in ("add", "update")]
     readers = [e for e in eps if e.task == "vault" and e.lessons]
     read = [right(e.lessons[0], e.seed) for e in readers]

@@ -1,7 +1,7 @@
 """Do a vault run's lessons name the right door? Run: python -m probes.vault_lessons RUN_DIR [RUN_DIR ...]
 
 Reads the bank of a run's last checkpoint (RUN/ckpt/bank): every lesson distilled from an episode remembers
-the vault it came from (Entry.origin), whose door envs.vault_secret gives. Prints the share of lessons whose text is
+the vault it came from (Entry.origin), whose door envs.vault_door gives. Prints the share of lessons whose text is
 that door, by the iteration they were written in (chance: 1/8), the commonest lessons, what the actor made of
 each kind of lesson it read (success per use of the right ones, of wrong ones naming the commonest lesson's door,
 and of the other wrong ones: which lesson the outcome credit favours), and the extractor's reward at each of its
@@ -30,17 +30,12 @@ def lessons(run: str) -> tuple[list, float]:
     return bank.entries("vault"), bank.stats.get("updated", 0) / max(1, writes)
 
 
-def door(seed: int) -> str:
-    """The door that opens the vault `seed` plays."""
-    return envs.vault_secret(envs.vault_name(seed))
-
-
 def rightness(entries: list) -> tuple[dict, list, int]:
     """{first iteration of a block of 10: (share right, lessons)}, the commonest texts, lessons of no vault."""
     by_block = collections.defaultdict(list)
     for e in entries:
         if e.origin >= 0:
-            by_block[e.created // 10 * 10].append(e.text.strip().lower() == door(e.origin))
+            by_block[e.created // 10 * 10].append(e.text.strip().lower() == envs.vault_door(e.origin))
     shares = {b: (sum(v) / len(v), len(v)) for b, v in sorted(by_block.items())}
     return shares, collections.Counter(e.text for e in entries).most_common(5), sum(e.origin < 0 for e in entries)
 
@@ -53,7 +48,8 @@ def success_by_kind(entries: list) -> dict:
     uses, wins = collections.Counter(), collections.Counter()
     for e in entries:
         text = e.text.strip().lower()
-        kind = "right" if text == door(e.origin) else f"wrong, {common}" if text == common else "wrong, other"
+        right = text == envs.vault_door(e.origin)
+        kind = "right" if right else f"wrong, {common}" if text == common else "wrong, other"
         uses[kind] += e.uses
         wins[kind] += e.successes
     return {k: (wins[k] / uses[k], uses[k]) for k in ("right", f"wrong, {common}", "wrong, other") if uses[k]}
@@ -67,7 +63,7 @@ def sets(entries: list, block: int = 50) -> dict:
         doors = e.text.strip().lower().split(", ")
         by_block[e.created // block * block].append(len(doors) > 1)
         if e.origin >= 0 and len(doors) > 1:
-            kind = "holds the door" if door(e.origin) in doors else "lacks it"
+            kind = "holds the door" if envs.vault_door(e.origin) in doors else "lacks it"
             uses[kind], wins[kind] = uses[kind] + e.uses, wins[kind] + e.successes
     return {"several": {b: (sum(v) / len(v), len(v)) for b, v in sorted(by_block.items())},
             "success": {k: (wins[k] / uses[k], uses[k]) for k in ("holds the door", "lacks it") if uses[k]}}
