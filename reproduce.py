@@ -4,6 +4,7 @@ Runs the grid modes × seeds × tasks through train.py's own code path with iden
 process at a time, and writes into --results (default runs/reproduce; the committed record is results/)
     RESULTS/TASK/MODE-seedK/            the run (metrics.jsonl, curve.png, ckpt/, final.json)
     RESULTS/TASK.md, RESULTS/TASK.png   the paper-style table and the held-out curves (mean with a band)
+    RESULTS/TASK-lessons.png            where runs log it (the vault), the lessons naming the door, per seed
 The grid is resumable: a run with final.json is skipped (one damaged is noted and the run goes on), a run with a
 checkpoint resumes from it, so the grid accumulates across sittings. `--table` only redraws the table and
 picture from what is there.
@@ -237,6 +238,43 @@ def curve(results: str, task: str):
     plt.close(fig)
 
 
+def lessons_curve(results: str, task: str, size: int = 10) -> bool:
+    """RESULTS/TASK-lessons.png, where the runs log it (the vault): the share of lessons written that name the
+    instance's own door, by block of `size` iterations, one line per seed and a panel per mode, so that an
+    extractor that learns and one that collapses are told apart seed by seed. False where no run logs it."""
+    runs = read_runs(results, task)
+    modes = [m for m in MODES if any(blocks(r["rows"], "lessons/right_written", size)[0]
+                                     for r in runs.get(m, {}).values())]
+    if not modes:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.5 * len(modes), 3.6), sharey=True, squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for seed, run in sorted(runs[mode].items()):
+            starts, means = blocks(run["rows"], "lessons/right_written", size)
+            ax.plot(starts, means, marker="o", ms=2, label=f"seed {seed}", color=f"C{seed}")
+        ax.set_title(f"{task} {mode}: lessons naming the door")
+        ax.set_xlabel(f"iteration (mean over blocks of {size})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("share of lessons written that are right")
+    fig.tight_layout()
+    fig.savefig(os.path.join(results, f"{task}-lessons.png"), dpi=100)
+    plt.close(fig)
+    return True
+
+
+def blocks(rows: list[dict], key: str, size: int) -> tuple[list, list]:
+    """A metric's mean over each block of `size` iterations where it was logged: (first iteration, mean)."""
+    by_block = {}
+    for r in rows:
+        if key in r:
+            by_block.setdefault(r["step"] // size, []).append(r[key])
+    return [b * size for b in sorted(by_block)], [sum(v) / len(v) for _, v in sorted(by_block.items())]
+
+
 def band(seed_runs: dict, key: str) -> tuple[list, list, list]:
     """Steps where every seed has an evaluation, the mean over seeds there, and the 95% half-width."""
     by_seed = [{r["step"]: r[key] for r in run["rows"] if key in r} for run in seed_runs.values()]
@@ -358,6 +396,7 @@ def report(results: str, task: str):
     os.makedirs(results, exist_ok=True)
     open(os.path.join(results, f"{task}.md"), "w").write(text)
     curve(results, task)
+    lessons_curve(results, task)
     print(text, flush=True)
 
 

@@ -60,6 +60,12 @@ def test_table_from_fabricated_results(tmp_path):
            "interval is above zero" in text
     reproduce.curve(root, "room")
     assert os.path.getsize(os.path.join(root, "room.png")) > 1000
+    # lessons right by block of 4 iterations: steps 0-3 (0.25 + 0.35 + 0.55 + 0.65) / 4, steps 4-5 (0.75 + 0.85) / 2
+    starts, means = reproduce.blocks(reproduce.read_runs(root, "room")["crl"][0]["rows"], "lessons/right_written", 4)
+    assert starts == [0, 4] and means == pytest.approx([0.45, 0.8])
+    assert reproduce.lessons_curve(root, "room", 4)
+    assert os.path.getsize(os.path.join(root, "room-lessons.png")) > 1000
+    assert not reproduce.lessons_curve(root, "maze")    # no run logs it there: no figure
 
 
 @pytest.mark.parametrize("damage", ['{"step": 1, "eval/room/succ', "[]", '{"step": 1}'])
