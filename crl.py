@@ -213,7 +213,9 @@ class CRLConfig:
                                             "always, never (it must add or update: a NONE is never credited, so "
                                             "CISPO never pushes it down and an extractor whose lessons mostly fail "
                                             "drifts into it), or failure (only after a failed episode: a won one "
-                                            "must yield a lesson, a lost one may yield none)",
+                                            "must yield a lesson, a lost one may yield none; it can drift out of "
+                                            "NONE too: on results/vault-clean's crl seeds 1-3 it wrote a lesson "
+                                            "after every episode from iteration 50)",
                                   choices=("always", "never", "failure"))
     # probes (results/probes.md): off by default, none has shown a gain
     recent_moves: int = setting(0, "each observation ends with the actor's last N actions, a compact memory a "
