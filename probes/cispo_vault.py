@@ -226,11 +226,11 @@ def plot(folder: Path):
             ax_lost.plot(steps, [r["lost_clean"] for r in rows], label=name, color=f"C{i}")
             ax_lost.plot(steps, [r["lost_follower"] for r in rows], "--", color=f"C{i}")
     ax.axhline(1 / 8, color="grey", lw=0.8)
-    ax.set(xlabel="CISPO step (16 fresh vaults each)", ylim=(0, 1.02),
+    ax.set(xlabel="probe step (16 fresh vaults each; a CISPO step once 16 are credited)", ylim=(0, 1.02),
            ylabel="won vaults: P(lesson names the opened door)\n(dotted: top lesson's mass)")
     ax.legend(fontsize=7, ncol=2)
     if lost:
-        ax_lost.set(xlabel="CISPO step (16 fresh vaults each)", ylim=(0, 1.02),
+        ax_lost.set(xlabel="probe step (16 fresh vaults each; a CISPO step once 16 are credited)", ylim=(0, 1.02),
                     ylabel="lost vaults: P(lesson names only untried doors)\n(dashed: the trained actor's success)")
         ax_lost.legend(fontsize=7)
     fig.tight_layout()
