@@ -47,10 +47,13 @@ class Persistence:
         meta["count"] = len(lines)
         return meta, lines, torch.cat(keys)
 
-    def copy(self) -> "ExperienceBank":
-        """An independent bank with the same entries, keys, rows and counts (evaluate_attempts writes to one)."""
+    def copy(self, empty: bool = False) -> "ExperienceBank":
+        """An independent bank with the same entries, keys, rows and counts; `empty`: the same settings and no
+        entries (evaluate_attempts' start)."""
         with self.lock:
             meta, lines, keys = self._state()
+        if empty:
+            lines, keys = [], keys[:0]
         return self._restore(meta, [json.loads(line) for line in lines], keys, {})
 
     @classmethod

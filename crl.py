@@ -53,7 +53,12 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 Options ours alone, off by default, that make the vault a clean control of co-evolution (runs/vault-clean.sh):
 `--credit lift` credits a lesson with its episode's gain over the same instance played without experience
 (episode_lift); `--instance-visits K` plays fresh instances K iterations each (visiting_instance);
-`--bank-min-cosine` serves only near lessons; `--extractor-none failure` lets only a lost episode yield no lesson.
+`--bank-min-cosine` serves only near lessons; `--extractor-none failure` lets only a lost episode yield no lesson;
+`--vault-reveal` ends a lost vault by naming its door, so every episode can teach (results/vault-reveal);
+`--extractor oracle` (static mode) writes the door each transcript shows, the ceiling of what lessons can give.
+The vault's held-out instances have balanced doors and names training never draws (envs.held_out_seeds), and the
+attempts evaluation writes into a bank that starts empty: both so that it measures the lesson, not the lottery of
+which doors an actor happens to play or a lesson left over from training.
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it.
@@ -76,8 +81,8 @@ from model import Sampling, Session, generate
 from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
                       world)
 from small.grammar import Constraint, heads_for
-from metrics import (episode_metrics, retrieval_metrics, same_instance, searches, success_metrics, vault_lessons,
-                     wrote_share)
+from metrics import (episode_metrics, paired_contrast, retrieval_metrics, same_instance, searches, success_metrics,
+                     vault_lessons, wrote_share)
 
 
 MODES = ("crl", "grpo", "static", "exp-only")
@@ -227,6 +232,9 @@ class CRLConfig:
                                       "and then retired, the groups staggered: an instance recurs (its lessons can "
                                       "be read back) but never long enough to be learned into the actor's weights "
                                       "(0: off)", min=0)
+    vault_reveal: bool = setting(False, "a lost vault episode ends by naming the door that would have opened, so "
+                                        "every episode's transcript holds its vault's door (a lesson can follow a "
+                                        "loss, not only a win)")
     query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
                                      "map even when the actor's view has none: it tells apart starts that look the "
                                      "same in words")
@@ -289,7 +297,8 @@ class Run:
             workers = self.cfg.env_workers
             if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps: 138 s serial, 75 s in 2 workers
                 workers = cores_per_rank() if "alfworld" in self.tasks else 0
-            self.pool = envs.EnvPool(self.cfg.show_map, self.cfg.steps, workers, self.cfg.list_actions)
+            self.pool = envs.EnvPool(self.cfg.show_map, self.cfg.steps, workers, self.cfg.list_actions,
+                                     self.cfg.vault_reveal)
 
 # ---------------------------------------------------------------------------------------------------------
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
@@ -877,6 +886,8 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     embedding of the episode's retrieval query; an update replaces the shown entries it names."""
     if not eps:
         return []
+    if run.extractor is None:   # --extractor oracle, the study's ceiling: every lesson right, none invented
+        return oracle_lessons(run, eps, step)
     prompts = [extractor_prompt(run, e) for e in eps]
     shown = [[i for i, _ in extractor_view(e)] for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
@@ -893,6 +904,18 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
         for kind, targets, text in parsed:
             ids = tuple(ids_shown[t - 1] for t in targets)
             ops.append(Operation(kind, e.task, text, ids, key, gen_id, step, origin=e.seed))
+    return ops
+
+
+def oracle_lessons(run, eps: list[Episode], step: int) -> list[Operation]:
+    """A scripted extractor for the vault: it adds the door each episode's transcript shows to open (the opened
+    one, or the one --vault-reveal names after a loss) and nothing where it shows none. No generation is
+    made, so nothing is credited or trained (run as static: what the actor gains when every lesson is right)."""
+    doors = [envs.vault_shown_door(e.transcript) for e in eps]
+    keys = run.manager.embed([e.query for e in eps])
+    ops = [Operation("add", e.task, door, (), key, -1, step, origin=e.seed)
+           for e, key, door in zip(eps, keys, doors) if door]
+    run.counters["operations"] += len(ops)
     return ops
 
 
@@ -1140,7 +1163,7 @@ def episode_specs(run, step: int) -> list[tuple]:
     specs = []
     for g in range(groups):
         task = run.tasks[(step * groups + g) % len(run.tasks)]
-        seed = int(rng.integers(run.cfg.train_instances or EVAL_SEED0))
+        seed = envs.draw_training_seed(task, rng, run.cfg.train_instances or EVAL_SEED0)
         if run.cfg.instance_visits:
             task, seed = visiting_instance(run, step, g)
         if g % world() != rank():
@@ -1155,8 +1178,8 @@ def visiting_instance(run, step: int, g: int) -> tuple[str, int]:
     turns to start theirs, so every iteration some instances are new and some are being revisited."""
     K = run.cfg.instance_visits
     life = (step + g * K // run.cfg.groups) // K
-    seed = int(np.random.default_rng([run.seed, g, life, INSTANCES]).integers(EVAL_SEED0))
-    return run.tasks[g % len(run.tasks)], seed
+    task = run.tasks[g % len(run.tasks)]
+    return task, envs.draw_training_seed(task, np.random.default_rng([run.seed, g, life, INSTANCES]), EVAL_SEED0)
 
 
 def record_outcomes(run, eps: list[Episode]):
@@ -1193,23 +1216,26 @@ def evaluate(run, tasks: list[str], episodes: int) -> dict:
 def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> dict:
     """Learning at test time through the bank: each held-out instance is played `attempts` times in rounds,
     once with and once without experience a round; after each round the frozen extractor distils the round's
-    with-experience episodes into a copy of the bank, which the next round retrieves from. Weights stay
-    frozen and the run's own bank untouched. Without memory success stays flat over the attempts; a working
-    memory makes it rise. Returns success, the retrieval's same-instance share and the share of instances the
-    extractor wrote a lesson for (the rest answered NONE) at each attempt."""
+    with-experience episodes into a bank that starts empty (no lesson of training's can reach an attempt, at
+    any cosine floor), which the next round retrieves from. Weights stay frozen and the run's own bank
+    untouched. Without memory success stays flat over the attempts; a working memory makes it rise. Returns
+    success, the run's own contrast (with - without experience on the same instances, and its 95% interval),
+    the retrieval's same-instance share and the share of instances the extractor wrote a lesson for (the rest
+    answered NONE) at each attempt."""
     specs, out = held_out_specs(run, tasks, instances), {}
     bank, counters, timer = (run.manager.bank if run.manager else None), run.counters, run.timer
     run.counters, run.timer = {k: 0 for k in ("parse_failures", "operations")}, {"extractor": 0.0}
     try:
         if bank is not None:
-            run.manager.bank = bank.copy()
+            run.manager.bank = bank.copy(empty=True)
         for a in range(1, attempts + 1):
             eps = play_held_out(run, specs, EVAL_STEP + a)
-            metrics = {**success_metrics(eps, "attempts"),
+            metrics = {**success_metrics(eps, "attempts"), **paired_contrast(eps, "attempts"),
                        **same_instance(eps, "attempts", EVAL_STEP + a - 1 if a > 1 else None)}
             out.update({f"{k}_{a}": v for k, v in metrics.items()})
             if bank is not None and a < attempts:
-                rng = seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
+                rng = (seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
+                       if run.extractor else None)
                 with parallel.full_weights(run, actor=False):
                     ops = distill(run, [e for e in eps if e.with_exp], EVAL_STEP + a, rng, record=False)
                 out[f"attempts/wrote_{a}"] = wrote_share(eps, ops)
@@ -1222,14 +1248,14 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
 
 
 def held_out_specs(run, tasks: list[str], episodes: int) -> list[tuple]:
-    """This rank's share of `episodes` held-out seeds per task, each played without and (with a bank) with
-    experience."""
+    """This rank's share of `episodes` held-out seeds per task (envs.held_out_seeds: the vault's are held-out
+    names, doors balanced), each played without and (with a bank) with experience."""
     specs = []
     for task in tasks:
-        for j in range(episodes):
-            specs.append((task, EVAL_SEED0 + j, j, False))
+        for j, seed in enumerate(envs.held_out_seeds(task, episodes, EVAL_SEED0)):
+            specs.append((task, seed, j, False))
             if run.cfg.uses_bank:
-                specs.append((task, EVAL_SEED0 + j, j, True))
+                specs.append((task, seed, j, True))
     return specs[rank()::world()]
 
 

@@ -746,6 +746,57 @@ def vault_door(seed: int) -> str:
     return vault_secret(vault_name(seed))
 
 
+def vault_held_out(name: str) -> bool:
+    """Whether a vault name is in the held-out eighth of names: evaluation plays only these, training draws
+    none of them (draw_training_seed), so no held-out vault was ever seen in training, under any seed."""
+    return _stable_hash(f"vault split {name}") % 8 == 0
+
+
+@functools.lru_cache(maxsize=8)
+def vault_held_out_seeds(n: int, first: int) -> tuple[int, ...]:
+    """The first n seeds from `first` up whose vaults are held out, with distinct names and balanced doors (each
+    door opens n // 8 of them, the first n % 8 doors one more): an actor that plays a fixed order of doors then
+    scores the same whichever doors it plays, so the evaluation is no lottery over its door order."""
+    quota = {door: n // 8 + (i < n % 8) for i, door in enumerate(_MOVES)}
+    seeds, names, seed = [], set(), first
+    while len(seeds) < n:
+        name = vault_name(seed)
+        if vault_held_out(name) and name not in names and quota[vault_secret(name)]:
+            quota[vault_secret(name)] -= 1
+            names.add(name)
+            seeds.append(seed)
+        seed += 1
+    return tuple(seeds)
+
+
+def held_out_seeds(task: str, n: int, first: int) -> list[int]:
+    """The instance seeds of n held-out episodes of `task`: `first`, `first` + 1, ... (the vault: its held-out
+    names, doors balanced)."""
+    return list(vault_held_out_seeds(n, first)) if task == "vault" else list(range(first, first + n))
+
+
+def draw_training_seed(task: str, rng: np.random.Generator, below: int) -> int:
+    """A training instance seed, rng.integers(below), drawn again while it is a held-out vault's."""
+    for _ in range(1000):
+        seed = int(rng.integers(below))
+        if task != "vault" or not vault_held_out(vault_name(seed)):
+            return seed
+    raise ValueError(f"every vault among training seeds below {below} is held out: use a larger --train-instances")
+
+
+SHOWN_DOOR_RE = re.compile(r"The (\w+) door (?:of the [\w ]+ vault opens|would have opened)")
+
+
+def vault_shown_door(transcript: list[tuple[str, str]]) -> str | None:
+    """The door a vault episode's transcript shows to open (the opened one, or the one a reveal names), if any:
+    what an oracle extractor writes (--extractor oracle)."""
+    for who, text in transcript:
+        found = SHOWN_DOOR_RE.search(text) if who == "environment" else None
+        if found:
+            return found.group(1)
+    return None
+
+
 class Vault:
     """A vault with eight doors, one of which opens. The vault's name, shown in the first observation, is
     all that tells vaults apart; its open door is `vault_secret(name)` and is shown by nothing until it
@@ -755,14 +806,17 @@ class Vault:
 
     Reward 1 when the door opens; 0 when `tries` doors turned out locked (a repeated door uses a try too) or
     the step limit came first. An invalid reply uses a step but not a try. A locked door's observation lists
-    every door tried so far, so an actor that reads only the last observation can still avoid repeats."""
+    every door tried so far, so an actor that reads only the last observation can still avoid repeats.
+
+    With `reveal` (--vault-reveal), a lost episode's last observation names the door that would have opened, so
+    a loss's transcript holds the answer as a win's does: every episode can teach, not only a won one."""
 
     actions = _MOVES
 
-    def __init__(self, seed=None, max_steps: int = MAX_STEPS, tries: int = 3):
+    def __init__(self, seed=None, max_steps: int = MAX_STEPS, tries: int = 3, reveal: bool = False):
         if tries < 1:
             raise ValueError(f"vault needs tries >= 1, got {tries}")
-        self.max_steps, self.tries = max_steps, tries
+        self.max_steps, self.tries, self.reveal = max_steps, tries, reveal
         self.instruction = (f"You are in a vault with eight doors. One door opens; the others are locked. You "
                             f"have {tries} tries. The same vault (same name) always opens by the same door. "
                             f"Actions: {', '.join(_MOVES)}.")
@@ -791,6 +845,8 @@ class Vault:
                    + (f"Tries left: {left}." if left else "No tries left: the vault stays shut."))
         info["tries_used"] = len(self.tried) + info["success"]
         self.done = info["success"] or len(self.tried) >= self.tries or self.steps >= self.max_steps
+        if self.done and not info["success"] and self.reveal:
+            obs += f" The {self.secret} door would have opened."
         return obs, float(info["success"]), self.done, info
 
 
@@ -818,9 +874,11 @@ class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
     ALFWorld games and WebShop goals from their held-out splits (HELD_OUT), training from train."""
 
-    def __init__(self, show_map: bool = True, steps=task_steps, workers: int = 0, list_actions: bool = True):
+    def __init__(self, show_map: bool = True, steps=task_steps, workers: int = 0, list_actions: bool = True,
+                 vault_reveal: bool = False):
         self.free: dict[tuple, list] = {}
         self.show_map, self.steps, self.list_actions = show_map, steps, list_actions   # steps(task): its actions
+        self.vault_reveal = vault_reveal
         self.workers = GameWorkers(workers) if workers else None
 
     def take(self, task, train=True):
@@ -834,6 +892,8 @@ class EnvPool:
             kw["show_map"] = self.show_map
         if task in ("alfworld", "webshop"):
             kw["list_actions"] = self.list_actions
+        if task == "vault":
+            kw["reveal"] = self.vault_reveal
         return self.workers.make(task, **kw) if self.workers else make(task, **kw)
 
     def give(self, task, train, env):

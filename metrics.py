@@ -22,6 +22,28 @@ def success_metrics(eps, prefix: str) -> dict:
             for name, v in (("success", s), ("reward", r))}
 
 
+def paired_contrast(eps, prefix: str) -> dict:
+    """Per task, the run's own contrast: success with minus without experience on the same instances (an
+    instance played once each way), its mean, standard deviation and count over instances (over every rank;
+    reproduce.py turns them into an interval). It needs no other run, so the lottery of which instances a run
+    plays well cancels out."""
+    pairs = {}
+    for e in eps:
+        pairs.setdefault((e.task, e.seed), {})[e.with_exp] = float(e.success)
+    diffs = {}
+    for rank_pairs in gather_objects(pairs):
+        for (task, _), p in rank_pairs.items():
+            if len(p) == 2:
+                diffs.setdefault(task, []).append(p[True] - p[False])
+    out = {}
+    for task, d in sorted(diffs.items()):
+        mean = sum(d) / len(d)
+        out[f"{prefix}/{task}/contrast"] = mean
+        out[f"{prefix}/{task}/contrast_sd"] = (sum((x - mean) ** 2 for x in d) / max(len(d) - 1, 1)) ** 0.5
+        out[f"{prefix}/{task}/contrast_n"] = len(d)
+    return out
+
+
 def searches(run) -> tuple[int, int]:
     """The bank's running counts of training searches and of picks off the cosine top 1."""
     stats = run.manager.bank.stats if run.manager is not None else {}

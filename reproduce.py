@@ -9,8 +9,9 @@ The grid is resumable: a run with final.json is skipped (one damaged is noted an
 checkpoint resumes from it, so the grid accumulates across sittings. `--table` only redraws the table and
 picture from what is there.
 
-Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`) and `no-split`, the split-advantage ablation
-(`crl` with one advantage group over all G rollouts). The table gives the final held-out success with and
+Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`), `no-split`, the split-advantage ablation
+(`crl` with one advantage group over all G rollouts), and `oracle` (`static` with the vault's scripted extractor,
+whose every lesson is right: the ceiling of what lessons can give this actor). The table gives the final held-out success with and
 without experience (mean and 95% interval over seeds, Student t), the paired with-minus-without difference,
 each mode's difference from GRPO paired by seed, and the extractor's mean reward early vs late in training
 (finished runs).
@@ -25,8 +26,9 @@ import sys
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from itertools import islice
 
-MODES = ("crl", "grpo", "static", "exp-only", "no-split")
-MODE_FLAGS = {"no-split": ["--mode", "crl", "--no-split"]}   # every other mode is `--mode MODE`
+MODES = ("crl", "grpo", "static", "exp-only", "no-split", "oracle")
+# every other mode is `--mode MODE`; they follow the grid's own flags (oracle's --extractor overrides the grid's)
+MODE_FLAGS = {"no-split": ["--mode", "crl", "--no-split"], "oracle": ["--mode", "static", "--extractor", "oracle"]}
 T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
         2.045, 2.042]   # Student t 97.5% quantiles for 1..30 degrees of freedom; 1.96 beyond
@@ -42,9 +44,12 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
     m = sum(xs) / n
     if n < 2:
         return m, math.nan
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    t = T975[n - 2] if n - 2 < len(T975) else 1.96
-    return m, t * sd / math.sqrt(n)
+    return m, half_width(math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)), n)
+
+
+def half_width(sd: float, n: int) -> float:
+    """The 95% interval's half-width of a mean of n values with standard deviation sd (Student t)."""
+    return (T975[n - 2] if n - 2 < len(T975) else 1.96) * sd / math.sqrt(n)
 
 
 def fmt(m: float, h: float) -> str:
@@ -173,7 +178,7 @@ def attempts_table(runs: dict, task: str) -> list[str]:
     if not k:
         return []
     lines = ["", f"Each held-out instance played {k} times in rounds, the frozen extractor distilling each round "
-             f"into a copy of the bank (success at attempt 1 … {k}):", "",
+             f"into a bank that starts empty (success at attempt 1 … {k}):", "",
              "| mode | eval | " + " | ".join(f"attempt {a}" for a in range(1, k + 1)) + " |",
              "|---|---|" + "---|" * k]
 
@@ -193,7 +198,25 @@ def attempts_table(runs: dict, task: str) -> list[str]:
         if any(read):
             lines.append(f"{mode}: share of episodes that read the lesson the attempt before wrote, at attempt 2 … "
                          f"{k}: {means(read, ' / ')}{given}.  ")
-    return lines + [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode, k)]
+    return lines + own_contrasts(runs, task, k) + [line for mode in MODES if mode != "grpo"
+                                                   for line in vs_grpo(runs, task, mode, k)]
+
+
+def own_contrasts(runs: dict, task: str, attempt: int) -> list[str]:
+    """Each run's own contrast at `attempt`: with minus without experience on the same held-out instances, with
+    its 95% interval over instances (metrics.paired_contrast), a line per mode."""
+    lines = []
+    for mode in MODES:
+        cells = []
+        for seed, r in sorted(runs.get(mode, {}).items()):
+            f, key = r["final"] or {}, f"attempts/{task}/contrast"
+            if f"{key}_{attempt}" in f:
+                half = half_width(f[f"{key}_sd_{attempt}"], f[f"{key}_n_{attempt}"])
+                cells.append(f"seed {seed} {f[f'{key}_{attempt}']:+.3f} ± {half:.3f}")
+        if cells:
+            lines.append(f"{mode}: each run's own with − without experience at attempt {attempt}, same instances "
+                         f"(95% interval over instances): {', '.join(cells)}.  ")
+    return [""] + lines if lines else []
 
 
 def vs_grpo(runs: dict, task: str, mode: str, attempt: int = 0) -> list[str]:
@@ -288,9 +311,9 @@ def band(seed_runs: dict, key: str) -> tuple[list, list, list]:
 # running the grid
 
 def train_argv(task: str, mode: str, seed: int, out: str, a, extra: list[str]) -> list[str]:
-    argv = ["--tasks", task, *MODE_FLAGS.get(mode, ["--mode", mode]), "--seed", str(seed), "--out", out,
-            "--iters", str(a.iters), "--final-eval-episodes", str(a.final_episodes)]
-    return argv + extra
+    argv = ["--tasks", task, "--seed", str(seed), "--out", out, "--iters", str(a.iters), "--final-eval-episodes",
+            str(a.final_episodes)]
+    return argv + extra + MODE_FLAGS.get(mode, ["--mode", mode])
 
 
 def run_one(task: str, mode: str, seed: int, a, extra: list[str]):

@@ -53,7 +53,8 @@ class RunConfig:
                                  "Hugging Face name such as Qwen/Qwen2.5-0.5B-Instruct[@revision] (from the hub "
                                  "cache; downloaded only when HF_HUB_OFFLINE is unset)")
     extractor: str = setting("tiny", "'tiny' (operation heads constrained), 'smollm2', a HF checkpoint directory or "
-                                     "a Hugging Face name org/name[@revision], as --actor")
+                                     "a Hugging Face name org/name[@revision], as --actor; or 'oracle' (the vault, "
+                                     "--mode static: a script writes the door each episode shows, crl.oracle_lessons)")
     embedder: str | None = setting(None, "'smollm2', a checkpoint directory or a Hugging Face name "
                                          "org/name[@revision], as --actor (default none: the packaged "
                                          "all-MiniLM-L6-v2)")
@@ -100,7 +101,8 @@ CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png (rundir.draw_cu
 def presets(given: dict) -> dict:
     """The overrides that apply to this command line."""
     actor, extractor = given.get("actor", RunConfig.actor), given.get("extractor", RunConfig.extractor)
-    return {**PRESETS.get(actor, ({}, {}))[0], **PRESETS.get(extractor, ({}, {}))[1]}
+    extractor = "smollm2" if extractor == "oracle" else extractor   # so an oracle cell differs from a static
+    return {**PRESETS.get(actor, ({}, {}))[0], **PRESETS.get(extractor, ({}, {}))[1]}   # one in its lessons only
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -128,6 +130,9 @@ def check(p, args):
     unknown = [t for t in args.tasks if t not in envs.TASKS]
     if unknown or not args.tasks:
         p.error(f"unknown task {', '.join(unknown) or '(none)'}; choose from: {', '.join(envs.TASKS)}")
+    if args.extractor == "oracle" and (args.mode != "static" or args.merge_every or args.free_text):
+        p.error("--extractor oracle is a script, not a model: it needs --mode static, --merge-every 0 and "
+                "constrained actor replies (--no-free-text)")
     if args.group_size % 2:
         p.error("--group-size must be an even number >= 2 (half the group plays without experience)")
     if args.master_dtype == "bfloat16" and args.dtype == "float32":
@@ -265,9 +270,10 @@ def build(args, device, dtype) -> tuple[crl.Run, int]:
     actor, actor_tok = load_model(os.path.join(ckpt, "actor") if ckpt else args.actor, args.seed, device, dtype,
                                   args, prior)
     extractor = extractor_tok = manager = None
-    if cfg.uses_bank:
+    if cfg.uses_bank and args.extractor != "oracle":
         extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if ckpt else args.extractor,
                                               args.seed + 1, device, dtype, args)
+    if cfg.uses_bank:
         manager = build_manager(args, cfg, device, ckpt)
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=0.0) if cfg.trains_actor else None
     extractor_opt = (torch.optim.AdamW(extractor.parameters(), lr=cfg.extractor_lr, weight_decay=0.0)

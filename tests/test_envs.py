@@ -619,6 +619,27 @@ def test_vault_three_wrong_doors_fail():
         env.step("north")
 
 
+def test_vault_reveal_names_the_door_after_a_loss_only():
+    """--vault-reveal: peach misty newt opens north; three wrong doors end with north named, a step limit's end
+    too, and neither a win nor a turn before the end names it. The shown door is what the oracle reads."""
+    env = envs.make("vault", reveal=True)
+    obs, rewards, dones, infos = _episode(env, 3, ["east", "south", "west"])
+    assert obs[-1] == ("The west door is locked. Locked doors: east, south, west. No tries left: the vault stays "
+                       "shut. The north door would have opened.")
+    assert all("north" not in o for o in obs[:-1]) and rewards == [0.0] * 3
+    assert envs.vault_shown_door([("environment", o) for o in obs]) == "north"
+    obs, *_ = _episode(envs.make("vault", reveal=True, max_steps=2), 3, ["?", "east"])
+    assert obs[-1].endswith("Tries left: 2. The north door would have opened.")
+    obs, *_ = _episode(env, 3, ["east", "north"])
+    assert "would have" not in obs[-1] and envs.vault_shown_door([("environment", o) for o in obs]) == "north"
+    # without the option a loss shows no door; an agent's line never counts as shown
+    obs, *_ = _episode(envs.make("vault"), 3, ["east", "south", "west"])
+    lines = [("environment", o) for o in obs] + [("agent", "The north door of the peach misty newt vault opens")]
+    assert "would have" not in obs[-1] and envs.vault_shown_door(lines) is None
+    # the pool passes the option to the vaults it makes
+    assert envs.EnvPool(vault_reveal=True).take("vault").reveal and not envs.EnvPool().take("vault").reveal
+
+
 def test_vault_invalid_reply_uses_a_step_not_a_try():
     """Two invalid replies among two wrong doors: the third door still gets its try, at step 5."""
     obs, rewards, dones, infos = _episode(envs.make("vault"), 3, ["open sesame", "east", "door", "south", "north"])

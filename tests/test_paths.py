@@ -2,6 +2,7 @@
 context limit ends as a failure, a non-finite loss skips the update and leaves the weights, evaluation plays
 held-out seeds and leaves the bank as it was, and `distill_choice` alternates outcomes."""
 import math
+import types
 
 import numpy as np
 import pytest
@@ -338,12 +339,14 @@ def test_training_retrieval_serves_the_newest_lesson_and_logs_its_age():
         assert metrics.episode_metrics(run, eps)["retrieval/age"] == age
 
 
-def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):
+def test_attempts_learn_through_a_bank_of_their_own(monkeypatch):
     """evaluate_attempts on hand-worked vault episodes. A scripted actor tries the doors DOORS[(seed + 3a + k) % 8],
     k = 0, 1, 2, at attempt a, but first the door of a lesson that names its vault; a scripted extractor writes
     `ADD: <vault>: <door>` after a success. Without experience an instance succeeds at attempt a when its secret
     is among that attempt's doors; with experience also when an earlier with-experience attempt found it. The
-    rounds write into a copy: the run's bank keeps its one entry, and nothing is recorded for training."""
+    rounds write into a bank that starts empty (attempt 1 reads nothing, though the run's bank holds a lesson
+    every query reaches): the run's bank keeps its one entry, and nothing is recorded for training. Each
+    attempt's own contrast is the with-minus-without difference per instance, its mean and sd by hand."""
     import re
     import envs
     emb = HashEmbedder()
@@ -381,21 +384,74 @@ def test_attempts_learn_through_a_copy_of_the_bank(monkeypatch):
     monkeypatch.setattr(crl, "rollout", play)
     monkeypatch.setattr(crl, "extractor_generate", extractor)
     out = crl.evaluate_attempts(run, ["vault"], 8, 3)
-    secrets = [(lambda env: (env.reset(seed=crl.EVAL_SEED0 + j), env.secret)[1])(envs.make("vault")) for j in range(8)]
-    hit = [[s in {doors[(crl.EVAL_SEED0 + j + 3 * a + k) % 8] for k in range(3)} for j, s in enumerate(secrets)]
+    seeds = envs.held_out_seeds("vault", 8, crl.EVAL_SEED0)
+    secrets = [envs.vault_door(seed) for seed in seeds]
+    hit = [[s in {doors[(seed + 3 * a + k) % 8] for k in range(3)} for seed, s in zip(seeds, secrets)]
            for a in (1, 2, 3)]
     known = [[any(hit[b][j] for b in range(a + 1)) for j in range(8)] for a in range(3)]
     for a in range(3):
         assert out[f"attempts/vault/success_noexp_{a + 1}"] == sum(hit[a]) / 8
         assert out[f"attempts/vault/success_exp_{a + 1}"] == sum(known[a]) / 8
+        diffs = [int(k) - int(h) for k, h in zip(known[a], hit[a])]
+        mean = sum(diffs) / 8
+        assert out[f"attempts/vault/contrast_{a + 1}"] == pytest.approx(mean)
+        assert out[f"attempts/vault/contrast_sd_{a + 1}"] == pytest.approx(
+            math.sqrt(sum((d - mean) ** 2 for d in diffs) / 7))
+        assert out[f"attempts/vault/contrast_n_{a + 1}"] == 8
     assert sum(known[2]) > sum(hit[2]) and sum(known[0]) < 8        # the memory adds something, not everything
-    assert out["attempts/same_instance_1"] == 0.0 and out["attempts/same_instance_2"] == sum(known[0]) / 8
+    assert "attempts/same_instance_1" not in out                    # the first attempt read no lesson at all
+    assert out["attempts/same_instance_2"] == sum(known[0]) / 8
     # attempt 3 reads attempt 2's lesson (the newest of the vault's equally near ones), not attempt 1's
     assert out["attempts/previous_attempt_2"] == sum(known[0]) / 8 > 0
     assert out["attempts/previous_attempt_3"] == sum(known[1]) / 8 and "attempts/previous_attempt_1" not in out
     # the extractor wrote for each with-experience success and answered NONE for each loss; none after the last
     assert [out.get(f"attempts/wrote_{a}") for a in (1, 2, 3)] == [sum(known[0]) / 8, sum(known[1]) / 8, None]
     assert [e.text for e in manager.bank.entries("vault")] == ["nowhere: north"] and run.generations == {}
+
+
+def test_vault_held_out_seeds_balance_doors_and_are_never_drawn_in_training():
+    """256 held-out vaults: 32 of each door, 256 distinct names, every one in the held-out eighth of names; the
+    training draws (fresh seeds, and every vault the --instance-visits grid's 5 seeds visit in 300 iterations)
+    never name one, while plain draws would (about 1 in 8). Other tasks keep the plain seeds."""
+    seeds = envs.held_out_seeds("vault", 256, crl.EVAL_SEED0)
+    names = [envs.vault_name(s) for s in seeds]
+    doors = [envs.vault_door(s) for s in seeds]
+    assert len(set(names)) == 256 and all(map(envs.vault_held_out, names)) and min(seeds) >= crl.EVAL_SEED0
+    assert sorted(doors.count(d) for d in envs._MOVES) == [32] * 8
+    assert [envs.vault_door(s) for s in envs.held_out_seeds("vault", 10, crl.EVAL_SEED0)].count("north") == 2
+    assert envs.held_out_seeds("room", 3, 5) == [5, 6, 7]
+    rng = np.random.default_rng(0)
+    drawn = {envs.vault_name(envs.draw_training_seed("vault", rng, crl.EVAL_SEED0)) for _ in range(4000)}
+    plain = {envs.vault_name(int(s)) for s in np.random.default_rng(0).integers(crl.EVAL_SEED0, size=4000)}
+    assert not any(map(envs.vault_held_out, drawn)) and 0.09 < sum(map(envs.vault_held_out, plain)) / 4000 < 0.16
+    cfg = crl.CRLConfig(instance_visits=4, groups=4)
+    run = types.SimpleNamespace(cfg=cfg, tasks=["vault"])
+    for seed in range(5):
+        run.seed = seed
+        visited = {envs.vault_name(crl.visiting_instance(run, step, g)[1]) for step in range(300) for g in range(4)}
+        assert len(visited) >= 300 and not visited & set(names)
+
+
+def test_the_oracle_writes_the_door_each_vault_episode_shows():
+    """--extractor oracle: distil (with no extractor model) adds, for each episode, the door its transcript shows
+    open: the opened door after a win, the revealed one after a revealed loss, nothing after a plain loss, keyed
+    by the episode's query like a model's lesson, made by no generation (nothing to credit or train)."""
+    emb = HashEmbedder()
+    run = tiny_run(ExperienceManager(ExperienceBank(emb.dim), emb, sync=True))
+    run.extractor = None
+    eps = []
+    for seed, replies, reveal in ((3, ["east", "north"], False), (3, ["east", "south", "west"], True),
+                                  (3, ["east", "south", "west"], False)):
+        env = envs.make("vault", reveal=reveal)
+        e = crl.Episode("vault", seed, 0, True, query=f"vault {seed}")
+        e.transcript.append(("environment", env.reset(seed)))
+        for reply in replies:
+            e.transcript += [("agent", reply), ("environment", env.step(reply)[0])]
+        eps.append(e)
+    ops = crl.distill(run, eps, 12, None)
+    assert [(op.kind, op.text, op.origin, op.step, op.source) for op in ops] == [("add", "north", 3, 12, -1)] * 2
+    assert torch.equal(ops[0].key, emb(["vault 3"])[0]) and run.generations == {}
+    assert run.counters["operations"] == 2
 
 
 def test_vault_lessons_count_the_lessons_that_name_their_vaults_door():

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import reproduce
+import train
 
 
 def _run(root, mode, seed, final: dict, rows: list[dict], task="room"):
@@ -165,6 +166,8 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
         crl.update({f"attempts/vault/success_noexp_{a}": 0.35 for a in (1, 2, 3)})
         crl.update({"attempts/previous_attempt_2": 1.0, "attempts/previous_attempt_3": 0.5 + s / 4})
         crl.update({"attempts/wrote_1": 0.5, **({"attempts/wrote_2": 0.25} if s else {})})   # seed 0 ran without it
+        crl.update({"attempts/vault/contrast_3": a3 - 0.35, "attempts/vault/contrast_sd_3": 0.5,
+                    "attempts/vault/contrast_n_3": 256 if s else 3})
         _run(root, "crl", s, crl, [], "vault")
         _run(root, "grpo", s, {"eval/vault/success_noexp": 0.4, **{f"attempts/vault/success_noexp_{a}": 0.4 + s / 10
                                                                   for a in (1, 2, 3)}}, [], "vault")
@@ -179,3 +182,17 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
     assert "crl: share of episodes that read the lesson the attempt before wrote, at attempt 2 … 3: 1.000 ± 0.000 " \
            "/ 0.625 ± 1.588; share of instances given a lesson (not NONE) after attempt 1 … 2: 0.500 ± 0.000 / " \
            "0.250." in text and "grpo: share" not in text
+    # each run's own contrast at attempt 3: 0.5 * t / sqrt(n): 4.303 * 0.5 / sqrt 3 = 1.242; 1.96 * 0.5 / 16 = 0.061
+    assert "crl: each run's own with − without experience at attempt 3, same instances (95% interval over " \
+           "instances): seed 0 +0.250 ± 1.242, seed 1 +0.450 ± 0.061." in text and "grpo: each" not in text
+
+
+def test_the_oracle_mode_overrides_the_grids_extractor():
+    """A cell's mode flags follow the grid's own: `oracle` runs static with the scripted extractor even where the
+    grid names a model extractor (train.py rejects the oracle outside static)."""
+    a = reproduce.parse_args(["--iters", "5"])[0]
+    argv = reproduce.train_argv("vault", "oracle", 2, "out", a, ["--extractor", "smollm2", "--merge-every", "0"])
+    args = train.parse_args([*argv, "--actor", "tiny", "--no-free-text"])
+    assert (args.mode, args.extractor, args.seed, args.iters) == ("static", "oracle", 2, 5)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--extractor", "oracle", "--mode", "crl", "--merge-every", "0", "--no-free-text"])

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Rebuilds results/vault-reveal/: the vault where every episode teaches (--vault-reveal: a lost episode ends by
+# naming the door that would have opened), scored on held-out vaults with balanced doors and names training never
+# draws, the attempts evaluation from an empty bank. First the ceiling: GRPO against the scripted oracle extractor
+# (every lesson right; run as static), 5 seeds each; then a pilot of crl's levers, one seed, read on training
+# metrics alone (CISPO steps, lessons right and the with - without gap by block of iterations).
+# The flags of results/vault-clean, but that a loss must yield a lesson (--extractor-none never: under the reveal
+# every transcript holds its vault's door).
+# Usage, from anywhere: bash runs/vault-reveal.sh [ROOT] [JOBS] [PART]   writes ROOT/vault-reveal/ (default ROOT:
+# runs/rebuild; JOBS grid cells side by side, default 1: a GPU takes 10, the 2-core CPU 1; PART: grid, pilot or
+# both, the default). The committed grid ran on one H100, the pilot on the 2-core Xeon (each folder's ran-on.txt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${1:-runs/rebuild}
+JOBS=${2:-1}
+PART=${3:-both}
+OUT=$ROOT/vault-reveal
+MODEL="--actor smollm2 --extractor smollm2"
+REVEAL="--instance-visits 4 --groups 4 --bank-min-cosine 0.999 --credit lift --merge-every 0 --extractor-lr 3e-5
+        --vault-reveal --extractor-none never"
+PILOT="--tasks vault --mode crl --seed 1 --iters ${PILOT_ITERS:-150} --eval-every 0"
+
+pilot() {   # ARM FLAGS...: one pilot arm, resumed from its checkpoint if it has one, skipped once finished
+    local arm=$1; shift
+    [ -f "$OUT/pilot/$arm/ckpt/state.pt" ] && set -- "$@" --resume
+    [ -f "$OUT/pilot/$arm/curve.png" ] || python train.py $MODEL $REVEAL $PILOT --out "$OUT/pilot/$arm" "$@"
+}
+if [ "$PART" != pilot ]; then
+    python reproduce.py --tasks vault --results "$OUT" --modes grpo,oracle --seeds 5 --iters ${ITERS:-300} \
+        --final-episodes ${FINAL:-256} --jobs "$JOBS" -- $MODEL $REVEAL --final-attempts 3
+fi
+if [ "$PART" != grid ]; then
+    pilot reveal
+    pilot reveal-search1 --bank-search-batch 1
+fi
