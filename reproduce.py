@@ -298,6 +298,27 @@ def blocks(rows: list[dict], key: str, size: int) -> tuple[list, list]:
     return [b * size for b in sorted(by_block)], [sum(v) / len(v) for _, v in sorted(by_block.items())]
 
 
+def race(rows: list[dict], task: str, size: int = 30) -> list[str]:
+    """The race between the extractor and the actor in one run's training, a markdown row per block of `size`
+    iterations: CISPO steps taken in it and before its end, the share of lessons written that name their
+    instance's door (the vault), and the training gap with - without experience (success)."""
+    cispo = {}
+    for r in rows:
+        if "extractor/reward" in r:
+            cispo[r["step"] // size * size] = cispo.get(r["step"] // size * size, 0) + 1
+    right = dict(zip(*blocks(rows, "lessons/right_written", size)))
+    gap = dict(zip(*blocks([{**r, "gap": r[f"train/{task}/success_exp"] - r[f"train/{task}/success_noexp"]}
+                            for r in rows if f"train/{task}/success_exp" in r], "gap", size)))
+    lines = ["| iterations | CISPO steps (by the block's end) | lessons right | with − without (training) |",
+             "|---|---|---|---|"]
+    total = 0
+    for b in sorted(set(gap) | set(right)):
+        total += cispo.get(b, 0)
+        cell = f"{right[b]:.2f}" if b in right else "—"
+        lines.append(f"| {b}-{b + size - 1} | {cispo.get(b, 0)} ({total}) | {cell} | {gap.get(b, math.nan):+.3f} |")
+    return lines
+
+
 def band(seed_runs: dict, key: str) -> tuple[list, list, list]:
     """Steps where every seed has an evaluation, the mean over seeds there, and the 95% half-width."""
     by_seed = [{r["step"]: r[key] for r in run["rows"] if key in r} for run in seed_runs.values()]
@@ -382,6 +403,8 @@ def parse_args(argv=None):
                    help="cells trained at once, each its own process (on a GPU a small model leaves room for "
                         "several; on a 2-core CPU keep 1); their logs go to RESULTS/logs/")
     p.add_argument("--table", action="store_true", help="only redraw the tables and pictures from what is there")
+    p.add_argument("--race", nargs="+", metavar="RUN", help="print, for each run directory named, its training by "
+                   "block of 30 iterations (CISPO steps, lessons right, with - without experience), and stop")
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -397,6 +420,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     a, extra = parse_args(argv)
+    if a.race:
+        for out in a.race:
+            rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+            print("\n".join([f"{out} ({len(rows)} iterations):", "", *race(rows, a.tasks[0]), ""]))
+        return
     for task in a.tasks:
         if not a.table:
             # seeds outermost: every mode gets its first seed early
