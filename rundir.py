@@ -24,8 +24,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 import typing
 
@@ -382,6 +384,31 @@ def load_trainer_state(run, ckpt: str) -> int:
                 say(f"--resume: {name} {lr:g} replaces the checkpoint's {group['lr']:g}")
                 group["lr"] = lr
     return state["step"] + 1
+
+
+class StopSignals:
+    """SIGTERM (what clusters and torchrun send before they kill) and SIGINT (Ctrl-C) ask a training run to stop:
+    the handler only notes the signal, and train.py ends the iteration under way, checkpoints it and exits, so
+    --resume trains no logged step again. A second signal acts at once (the handlers are the old ones again).
+    Only the main thread can install handlers; elsewhere nothing changes."""
+
+    def __init__(self):
+        self.signum, self.saved = 0, {}
+        if threading.current_thread() is threading.main_thread():
+            self.saved = {sig: signal.signal(sig, self.note) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def note(self, signum, frame):
+        self.signum = signum
+        self.restore()
+
+    def restore(self):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        self.saved = {}
+
+    def requested(self) -> int:
+        """The signal that asked to stop (0: none), the same on every rank: a rank stops where any rank was asked."""
+        return max(crl.gather_objects(self.signum))
 
 
 def drop_fallback(out: str):

@@ -18,6 +18,7 @@ import gc
 import json
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -364,14 +365,22 @@ def train(args, device, owns_group: bool) -> crl.Run:
     steps = range(start, args.iters)
     if crl.rank() == 0:
         steps = tqdm(steps, initial=start, total=args.iters, desc=f"{args.mode} {','.join(args.tasks)}", unit="it")
-    for step in steps:
-        metrics = iteration(run, args, step)
-        if crl.rank() == 0:
-            report(args, metrics, log, steps)
-            if bank_log and "time/eval" in metrics:
-                log_bank(run, bank_log, step)
-        if step == args.iters - 1 or (save_every and (step + 1) % save_every == 0):
-            checkpoint(run, args, step)
+    stop = rundir.StopSignals()   # SIGTERM / SIGINT: the iteration under way ends, is checkpointed, the run exits
+    try:
+        for step in steps:
+            metrics = iteration(run, args, step)
+            if crl.rank() == 0:
+                report(args, metrics, log, steps)
+                if bank_log and "time/eval" in metrics:
+                    log_bank(run, bank_log, step)
+            signum = stop.requested()
+            if signum or step == args.iters - 1 or (save_every and (step + 1) % save_every == 0):
+                checkpoint(run, args, step)
+            if signum and step < args.iters - 1:
+                finish(run, args, owns_group, f"stopped by {signal.Signals(signum).name} after step {step}")
+                raise SystemExit(128 + signum)
+    finally:
+        stop.restore()   # a signal in the final evaluation acts at once: --resume redoes only the evaluation
     if args.final_eval_episodes:
         final_evaluation(run, args)
     finish(run, args, owns_group)
@@ -396,14 +405,17 @@ def final_evaluation(run: crl.Run, args):
         rundir.write_json(os.path.join(args.out, "final.json"), metrics)
 
 
-def finish(run: crl.Run, args, owns_group: bool):
+def finish(run: crl.Run, args, owns_group: bool, stopped: str = ""):
+    """Close the bank's thread and the process group; one line says where the results are (or why the run
+    stopped early and how to continue it)."""
     if run.manager is not None:
         run.manager.close()
     rundir.drop_fallback(args.out)
     if crl.rank() == 0:
         ckpt = os.path.join(args.out, "ckpt")
         saved = f", checkpoint in {ckpt}" if os.path.exists(ckpt) else ""
-        print(f"done: {args.out}/metrics.jsonl, {args.out}/curve.png{saved}")
+        print(f"{stopped}: checkpoint in {ckpt}; the same command with --resume continues from there" if stopped
+              else f"done: {args.out}/metrics.jsonl, {args.out}/curve.png{saved}", flush=True)
     if dist.is_initialized():
         dist.barrier()  # leave together: gloo can abort a rank whose peer is still finishing its last write
         if owns_group:
