@@ -45,6 +45,11 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
   retrieve it; a kept lesson: its own key), not by its own text; it is credited to the chain call whose list
   held it last, not the chain's last successful call (they differ after a failed call); no merge is skipped
   after an extractor update (the release's skip is a side effect of its PR #3);
+- retrieval serves equal cosines newest first (the release's top-k leaves ties unordered), and the re-rank reads
+  one usage snapshot per 32 queries cut by order, not by a 5 ms arrival window: both reproducible; a CISPO
+  batch orders the generations first credited in one iteration by id, the release by arrival, for the same reason;
+- the lesson's framing (LESSONS_INTRO) paraphrases the release's; the extractor shares the actor's top-p (1.0,
+  the release 0.99); a merge keeps items of any length (the release drops those of 30 characters or fewer);
 - the judge reads the task, the first view and the lesson, not the task's running score; an extractor reply's
   bad lines are skipped, not the whole reply; the bank's capacity is per task, not shared;
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
@@ -65,7 +70,6 @@ authors' released code where the paper does not state it.
 """
 import dataclasses
 import functools
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -101,11 +105,20 @@ EVAL_STEP = 7           # ...seeded as at this fixed step, so every evaluation o
 # Settings and run state
 
 def setting(default, help: str, **checks):
-    """A config field with its help text; `checks` (min, above, max, choices, flag) shape its command-line
-    flag in train.py, which is generated from these fields."""
+    """A config field with its help text; `checks` (min, above, max, choices, flag, group: its section of -h)
+    shape its command-line flag in train.py, which is generated from these fields."""
     if dataclasses.is_dataclass(default):   # a nested group of settings: each config gets its own copy
         return field(default_factory=lambda: dataclasses.replace(default), metadata={"help": help, **checks})
     return field(default=default, metadata={"help": help, **checks})
+
+
+# the sections of -h beyond the method's own settings (a field made by one of these goes in its section)
+batching = functools.partial(setting, group="how the work is batched (no effect on what is learned beyond float "
+                                             "rounding)")
+small_models = functools.partial(setting, group="for small models (the tiny and smollm2 presets; not in the paper)")
+vault_study = functools.partial(setting, group="the open study: co-evolution on the vault (runs/vault-reveal.sh; "
+                                               "off by default; with --credit lift and --bank-min-cosine)")
+probe = functools.partial(setting, group="closed probes (results/probes.md): off by default, none has shown a gain")
 
 
 def per_task(text: str | None, least: int) -> dict:
@@ -164,8 +177,6 @@ class CRLConfig:
                                           min=1)
     episode_chars: int = setting(0, "characters of a finished episode shown to the extractor, its beginning and "
                                     "end (0: the whole episode [release])", min=0)
-    distill_from: str = setting("exp", "which episodes the extractor distils: exp, the with-experience half of each "
-                                       "group [release], or all (the paper's text is silent)", choices=("exp", "all"))
     distill_per_group: int = setting(0, "of those, episodes per group sent to the extractor (0: all)", min=0)
     max_operations: int = setting(3, "bank operations kept from one distilling reply (a merge's list is bounded "
                                      "by the lessons it was shown)", min=1)
@@ -186,58 +197,45 @@ class CRLConfig:
     merge_every: int = setting(5, "iterations between merge passes (0: never) [release]", min=0)
     merge_size: int = setting(5, "entries of the bank each merge call adds to what the previous call wrote [release]",
                               min=1)
-    merge_chunks: int = setting(0, "merge calls per task per pass, the oldest entries first (0: the whole bank "
-                                   "[release])", min=0)
     bank: BankConfig = setting(BankConfig(), "the experience bank")
-    # how the work is batched (no effect on what is learned beyond float rounding)
-    micro_batch: int = setting(4, "sequences per forward/backward", min=1)
-    micro_tokens: int | None = setting(None, "padded tokens per forward/backward, at most (default none: only "
-                                             "--micro-batch bounds it): long episodes then go fewer at a time", min=1)
-    env_workers: int | None = setting(None, "processes per rank that play the games side by side; the same seeds "
-                                            "give the same episodes for any number (default: one per core for "
-                                            "alfworld, whose resets take seconds; else 0, in the trainer's process)",
-                                      min=0)
-    eval_batch: int = setting(256, "evaluation episodes played at once: their KV caches share memory (another "
-                                   "number gives each episode other noise, from the same distribution)", min=1)
-    # for small models (the tiny and smollm2 presets; not in the paper)
-    instructions: bool = setting(True, "task text and reply format in the actor's prompt")
-    show_map: bool = setting(True, "MiniHack's character map in observations (else positions in words and the "
-                                   "message line)", flag="map")
-    list_actions: bool = setting(True, "ALFWorld's and WebShop's observations list the valid actions (else the "
-                                       "page or game text only: ALFWorld 350 tokens a turn fewer; constrained "
-                                       "replies are masked to them anyway)")
-    lesson_turn: bool = setting(False, "retrieved lessons open the first user turn as a tip instead of closing the "
-                                       "system prompt (where a small instruct model reads them: "
-                                       "probes/lesson_follow.py)")
-    lesson_moves: int = setting(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
-                                   "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
-    lesson_sets: bool = setting(False, "constrained extractor: a lesson is a set of the task's action words in "
-                                       "their order (`ADD: north, east, west`) instead of a plan, so that after a "
-                                       "lost vault it can name the doors left (probes/vault_controls.py)")
-    extractor_none: str = setting("always", "when a constrained extractor may answer NONE as it distils an episode: "
-                                            "always, never (it must add or update: a NONE is never credited, so "
-                                            "CISPO never pushes it down and an extractor whose lessons mostly fail "
-                                            "drifts into it), or failure (only after a failed episode: a won one "
-                                            "must yield a lesson, a lost one may yield none; it can drift out of "
-                                            "NONE too: on results/vault-clean's crl seeds 1-3 it wrote a lesson "
-                                            "after every episode from iteration 50)",
-                                  choices=("always", "never", "failure"))
-    # probes (results/probes.md): off by default, none has shown a gain
-    recent_moves: int = setting(0, "each observation ends with the actor's last N actions, a compact memory a "
-                                   "memoryless (--history 0) tiny actor can read (0: none)", min=0)
-    train_instances: int = setting(0, "a finite training pool: instance seeds drawn from N fixed ones, as the "
-                                      "paper's finite train sets (0: a fresh seed every group); evaluation stays "
-                                      "on held-out seeds", min=0)
-    instance_visits: int = setting(0, "fresh task instances, each played by its group in N consecutive iterations "
-                                      "and then retired, the groups staggered: an instance recurs (its lessons can "
-                                      "be read back) but never long enough to be learned into the actor's weights "
-                                      "(0: off)", min=0)
-    vault_reveal: bool = setting(False, "a lost vault episode ends by naming the door that would have opened, so "
-                                        "every episode's transcript holds its vault's door (a lesson can follow a "
-                                        "loss, not only a win)")
-    query_map: bool = setting(False, "the retrieval query (and the first view the extractor reads) holds MiniHack's "
-                                     "map even when the actor's view has none: it tells apart starts that look the "
-                                     "same in words")
+    micro_batch: int = batching(4, "sequences per forward/backward", min=1)
+    micro_tokens: int | None = batching(None, "padded tokens per forward/backward, at most (default none: only "
+                                              "--micro-batch bounds it): long episodes then go fewer at a time", min=1)
+    env_workers: int | None = batching(None, "processes per rank that play the games side by side; the same seeds "
+                                             "give the same episodes for any number (default: one per core for "
+                                             "alfworld, whose resets take seconds; else 0, in the trainer's process)",
+                                       min=0)
+    eval_batch: int = batching(256, "evaluation episodes played at once: their KV caches share memory (another "
+                                    "number gives each episode other noise, from the same distribution)", min=1)
+    instructions: bool = small_models(True, "task text and reply format in the actor's prompt")
+    show_map: bool = small_models(True, "MiniHack's character map in observations (else positions in words and the "
+                                        "message line)", flag="map")
+    list_actions: bool = small_models(True, "ALFWorld's and WebShop's observations list the valid actions (else the "
+                                            "page or game text only: ALFWorld 350 tokens a turn fewer; constrained "
+                                            "replies are masked to them anyway)")
+    lesson_turn: bool = small_models(False, "retrieved lessons open the first user turn as a tip instead of closing "
+                                            "the system prompt (where a small instruct model reads them: "
+                                            "probes/lesson_follow.py)")
+    lesson_moves: int = small_models(0, "constrained extractor: a lesson is a plan of 1..N of the task's action words "
+                                        "(e.g. `ADD: southeast east`) instead of free text (0: free text)", min=0)
+    extractor_none: str = small_models("always", "when a constrained extractor may answer NONE as it distils an "
+                                                 "episode: always, never (it must add or update: a NONE is never "
+                                                 "credited, so CISPO never pushes it down and an extractor whose "
+                                                 "lessons mostly fail drifts into it), or failure (only after a failed "
+                                                 "episode: a won one must yield a lesson, a lost one may yield "
+                                                 "none; it can drift out of NONE too: on results/vault-clean's crl "
+                                                 "seeds 1-3 it wrote a lesson after every episode from iteration 50)",
+                                       choices=("always", "never", "failure"))
+    train_instances: int = probe(0, "a finite training pool: instance seeds drawn from N fixed ones, as the "
+                                    "paper's finite train sets (0: a fresh seed every group); evaluation stays "
+                                    "on held-out seeds", min=0)
+    instance_visits: int = vault_study(0, "fresh task instances, each played by its group in N consecutive iterations "
+                                          "and then retired, the groups staggered: an instance recurs (its lessons can "
+                                          "be read back) but never long enough to be learned into the actor's weights "
+                                          "(0: off)", min=0)
+    vault_reveal: bool = vault_study(False, "a lost vault episode ends by naming the door that would have opened, so "
+                                            "every episode's transcript holds its vault's door (a lesson can follow a "
+                                            "loss, not only a win)")
 
     def __post_init__(self):
         if isinstance(self.extractor_none, bool):   # runs written before it took a third value
@@ -430,9 +428,8 @@ class EpisodeBatch:
         self.obs = run.pool.reset_all(self.games, [e.seed for e in self.eps])
         run.timer["env"] += time.perf_counter() - t0
         for e, env, o in zip(self.eps, self.games, self.obs):
-            view = (env.map_view() if self.cfg.query_map and hasattr(env, "map_view") else None) or o
-            e.instruction, e.query = env.instruction, retrieval_query(env, view)
-            e.transcript.append(("environment", view))
+            e.instruction, e.query = env.instruction, retrieval_query(env, o)
+            e.transcript.append(("environment", o))
         # [release] nothing retrieves in the warm-up; the actor judges what it retrieved before it acts
         self.retrieving = self.cfg.uses_bank and (not train or run.step >= self.cfg.warmup)
         self.ask_clock = rerank_clock(run, train, rank())   # this rank's asks: dropout draws of its own
@@ -444,7 +441,6 @@ class EpisodeBatch:
         self.systems, self.obs = [s for s, _ in openings], [o for _, o in openings]
         self.feed = [encode_chat(self.tok, window_messages(s, [], o, 0)) for s, o in zip(self.systems, self.obs)]
         self.history = [[] for _ in self.eps]
-        self.moves = [[] for _ in self.eps]                 # each episode's replies, for cfg.recent_moves
         for e, f in zip(self.eps, self.feed):
             e.segments.append(Segment())
             e.segments[-1].extend(f)
@@ -528,9 +524,6 @@ class EpisodeBatch:
         e.turns += 1
         e.invalid += int(bool(info.get("invalid", False)))
         e.transcript.append(("environment", self.obs[i]))
-        self.moves[i].append(reply.strip())
-        if self.cfg.recent_moves:   # the actor's view only; the extractor reads the transcript
-            self.obs[i] += "\nlast moves: " + " ".join(self.moves[i][-self.cfg.recent_moves:])
         if self.done[i]:
             e.reward, e.success = float(reward), bool(info.get("success", False))
 
@@ -1041,7 +1034,7 @@ def merge_pass(run, step: int, rng) -> list[Operation]:
     tasks advance side by side, one batched call a round. Rank r walks the tasks r, r + W, ...; the caller
     applies every rank's operations."""
     bank = run.manager.bank
-    chains = [MergeChain(task, bank.entries(task), run.cfg.merge_size, run.cfg.merge_chunks)
+    chains = [MergeChain(task, bank.entries(task), run.cfg.merge_size)
               for task in sorted(bank.tasks())[rank()::world()] if bank.size(task) >= 2]
     while live := [c for c in chains if c.next_chunk()]:
         prompts = [encode_chat(run.extractor_tok, [
@@ -1075,18 +1068,17 @@ class MergeChain:
     id, counts reset), keyed by the mean of its entries' keys (a kept entry: its own key) and credited to the
     generation whose list held it last."""
 
-    def __init__(self, task: str, entries: list, size: int, max_chunks: int = 0):
-        self.task, self.size, self.calls_left = task, size, max_chunks or math.inf
+    def __init__(self, task: str, entries: list, size: int):
+        self.task, self.size = task, size
         self.pending = [(e.text, (e.id,), None) for e in entries]   # oldest first
         self.carried, self.written, self.replaced, self.shown = [], [], [], []
 
     def next_chunk(self) -> bool:
-        """The next call's items (the next entries, then what the last call wrote), if any call is left."""
-        if not self.pending or self.calls_left <= 0:
+        """The next call's items (the next entries, then what the last call wrote), if any entry is left."""
+        if not self.pending:
             self.written += self.carried
             self.carried, self.shown = [], []
             return False
-        self.calls_left -= 1
         self.shown = self.pending[:self.size] + self.carried
         self.pending, self.carried = self.pending[self.size:], []
         return True
@@ -1143,7 +1135,8 @@ def train_step(run, step: int) -> dict:
         metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
     if distilling is not None:
         ops = distilling.result()
-        metrics.update(vault_lessons(eps, ops))
+        if "vault" in run.tasks:                           # the vault study's measure: lessons naming the door
+            metrics.update(vault_lessons(eps, ops))
         apply_everywhere(run, ops)                         # every rank's lessons, in rank order
     if cfg.trains_extractor and trains:                     # 6. CISPO on the generations judged so far
         metrics.update({f"extractor/{k}": v for k, v in extractor_update(run).items()})
@@ -1194,11 +1187,11 @@ def record_outcomes(run, eps: list[Episode]):
 
 
 def distill_episodes(run, eps: list[Episode], step: int, rng) -> "parallel.Distillation":
-    """Distil the with-experience half of each group [release] (cfg.distill_from all: every episode; and of
-    those `distill_per_group` a group) into bank operations, on the bank's background thread while the actor
-    trains (inline with --distill inline, the CPU default). The caller applies every rank's operations in
-    rank order after the update: the replicas stay identical and runs reproducible."""
-    chosen = [e for e in eps if e.with_exp or run.cfg.distill_from == "all"]
+    """Distil the with-experience half of each group [release] (of those, `distill_per_group` a group) into bank
+    operations, on the bank's background thread while the actor trains (inline with --distill inline, the CPU
+    default). The caller applies every rank's operations in rank order after the update: the replicas stay
+    identical and runs reproducible."""
+    chosen = [e for e in eps if e.with_exp]
     if run.cfg.distill_per_group:
         by_group = {}
         for e in chosen:

@@ -285,15 +285,6 @@ class MiniHackEnv:
         self.raw = raw
         return self.obs
 
-    def map_view(self) -> str:
-        """The current view with the character map, whatever show_map says: a retrieval key that tells
-        apart the dark room's starts, most of which look the same in words (crl's --query-map)."""
-        shown, self.show_map = self.show_map, True
-        try:
-            return self.render(self.raw, first=self.steps == 0)
-        finally:
-            self.show_map = shown
-
     @property
     def pos(self) -> tuple:
         """The agent's (x, y) on NetHack's map, from blstats (also in every step's info)."""
@@ -980,10 +971,6 @@ class RemoteGame:
     actions = property(lambda self: self.view["actions"])
     failure_reward = property(lambda self: self.view["failure_reward"])
 
-    def map_view(self) -> str | None:
-        """The map as of the last reset (what --query-map reads), None for a game without one."""
-        return self.view["map_view"]
-
     def reset(self, seed=None) -> str:
         return self.workers.call("reset", [self], [seed])[0]
 
@@ -1011,8 +998,7 @@ def play_job(games: dict, op: str, gid: int, arg):
         result = getattr(games[gid], op)(arg)      # reset(seed) or step(reply)
     game = games[gid]
     view = {"instruction": game.instruction, "actions": tuple(game.actions),
-            "failure_reward": getattr(game, "failure_reward", 0.0),
-            "map_view": game.map_view() if op == "reset" and hasattr(game, "map_view") else None}
+            "failure_reward": getattr(game, "failure_reward", 0.0)}
     return result, view
 
 

@@ -484,9 +484,12 @@ def text_parser(kind: type, optional: bool):
 
 
 def add_flags(p, cls):
-    """One flag per field of `cls`, in a help section of its own; unset flags stay out of the namespace."""
-    group = p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0])
+    """One flag per field of `cls`, in a help section of its own (a field whose metadata names a `group`: in that
+    group's section, after it); unset flags stay out of the namespace."""
+    groups = {None: p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0])}
     for dest, f in flat_fields(cls):
+        name = f.metadata.get("group")
+        group = groups.get(name) or groups.setdefault(name, p.add_argument_group(name))
         kind, optional = value_type(f)
         shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
         for name, (as_actor, as_extractor) in PRESETS.items():

@@ -166,6 +166,12 @@ def parse_args(argv=None):
     return args
 
 
+# options of closed studies, retired with their study (each study's runs/ script names the commit it rebuilds at):
+# a run that set one resumes only in a checkout of that commit
+RETIRED = {"distill_from": "exp", "merge_chunks": 0, "recent_moves": 0, "query_map": False, "lesson_sets": False}
+RETIRED_AFTER = "beda864"
+
+
 def saved_flags(p, given: dict, defaults: dict) -> dict:
     """--resume: the run's flags from OUT/args.json; flags given again on the command line win over them."""
     path = os.path.join(given.get("out") or "", "args.json")
@@ -178,6 +184,10 @@ def saved_flags(p, given: dict, defaults: dict) -> dict:
         p.error(f"{err}: it holds the run's flags; restore it, or start a new run in another --out")
     if not isinstance(saved, dict):
         p.error(f"{path} is damaged (not a JSON object): it holds the run's flags; restore it, or start a new run")
+    used = [k for k, default in RETIRED.items() if saved.get(k, default) != default]
+    if used:
+        p.error(f"{path}: the run used {', '.join('--' + k.replace('_', '-') for k in used)}, retired after "
+                f"{RETIRED_AFTER}; resume it in a checkout of that commit (git worktree add ../crl-old {RETIRED_AFTER})")
     saved = {k: v for k, v in saved.items() if k in defaults and k != "resume"}
     if "tasks" in saved:
         saved["tasks"] = ",".join(saved["tasks"])

@@ -1,16 +1,13 @@
 """Probes: small measurements that ask why a run did what it did. Each is a module run from the repository
 root with `python -m probes.NAME ...`; tests/test_probes.py runs each on a tiny setting. Their findings are
-in results/README.md and results/probes.md.
+in results/README.md and results/probes.md. The closed probes p5-p8 (actor_policy, bank_value, memoryless,
+pool_lessons) were retired after f2e927f: their records rebuild from that commit.
 
     episode         a trained run plays one held-out episode: its lesson, each turn read and replied, the outcome
     lesson_follow   P(move | a one-move lesson names it): does a lesson reach the actor?
     lessons         a run's bank: each lesson, its uses and success when used, and how the bank grew
-    actor_policy    a trained tiny actor's exact constrained policy by what is in view (p7)
-    bank_value      what a bank of "first move of the nearest success" lessons can carry in room (p5)
-    memoryless      the ceiling of memoryless room policies around the stairs-stepper (p8)
-    pool_lessons    a finite-pool run's lessons per pool instance (p6)
     judge           P(accept) of right and wrong lessons: can an actor judge a lesson? (each preset's --judge)
-    merge_cost      one whole-bank merge pass at a run's bank size, timed (--merge-chunks)
+    merge_cost      one whole-bank merge pass at a run's bank size, timed
     vault_controls  the vault with an oracle and a shuffled bank: does the actor use the answer? does it win again
                     what it won once, and can a lesson after a loss (the locked doors) help it?
     vault_lessons   a vault run's lessons against each vault's door

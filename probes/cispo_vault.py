@@ -11,7 +11,7 @@ sampler, recorded as generations); a scripted follower plays each lesson `uses` 
 a group shares one lesson), winning with probability p_right when the lesson names the vault's door, else p_wrong;
 crl.credit_generations credits those outcomes and crl.extractor_update takes its CISPO step. Nothing else of a
 run: no actor, no bank, no merge. With --p-follow the lessons after a loss are played as a trained actor would
-play them (`habit_wins`: with --lesson-sets a lesson can name the doors a lost play left untried), and with
+play them (`habit_wins`), and with
 --p-again each vault is also played without its lesson, so that --credit lift has its baseline.
 Every `eval_every` steps, on `eval_vaults` held-out won vaults each shown a wrong door: the extractor's exact
 constrained policy over its completions (ADD or UPDATE 1, each lesson of its grammar; NONE with --extractor-none
@@ -98,9 +98,9 @@ def held_out(n: int, won: bool = True) -> list[crl.Episode]:
 
 
 def lesson_policy(run, e: crl.Episode, none: bool) -> tuple[tuple, np.ndarray, float]:
-    """The extractor's exact constrained policy on episode e: each lesson of its grammar (one door, or with
-    --lesson-sets every set of doors) with its probability, ADD and UPDATE 1 summed, and the mass on NONE."""
-    lessons = grammar.lesson_sets(DOORS) if run.cfg.lesson_sets else DOORS
+    """The extractor's exact constrained policy on episode e: each lesson of its grammar (one door) with its
+    probability, ADD and UPDATE 1 summed, and the mass on NONE."""
+    lessons = DOORS
     completions = tuple(f"{head} {x}" for head in ("ADD:", "UPDATE 1:") for x in lessons) + (("NONE",) if none else ())
     p = policy(run.extractor, run.extractor_tok, crl.extractor_prompt(run, e), completions).float().numpy()
     return lessons, p[:len(lessons)] + p[len(lessons):2 * len(lessons)], float(p[2 * len(lessons):].sum())

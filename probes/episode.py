@@ -3,10 +3,10 @@ Run: python -m probes.episode RUN [--task TASK] [--seed N] [--no-experience] [--
 change the run's settings, e.g. --temperature 0]
 
 Loads the run as --resume does (RUN/args.json; the actor, extractor and bank of RUN/ckpt; the iteration it
-reached) and plays held-out instance N (game seed crl.EVAL_SEED0 + N; default 0) of TASK (default: the run's
-first) through crl.play_held_out, the code evaluation plays with: the same retrieval from the read-only bank,
-the same judgement, prompts, context and sampling stream (seeded as at crl.EVAL_STEP). The episode plays
-with experience when the run has a bank, unless --no-experience. Nothing in RUN is written.
+reached) and plays held-out instance N (the Nth of envs.held_out_seeds for 256, or E with --among E; default 0)
+of TASK (default: the run's first) through crl.play_held_out, the code evaluation plays with: the same retrieval
+from the read-only bank, the same judgement, prompts, context and sampling stream (seeded as at crl.EVAL_STEP).
+The episode plays with experience when the run has a bank, unless --no-experience. Nothing in RUN is written.
 
 What is printed comes from the Episode crl returns: the lessons it retrieved (and, when the actor judges them,
 what its prompt kept), then each turn's tokens as the actor read them, decoded (at turn 1 the system prompt
@@ -25,6 +25,7 @@ import os
 import textwrap
 
 import crl
+import envs
 import train
 
 
@@ -46,7 +47,8 @@ def build(args) -> crl.Run:
 def play(run, task: str, instance: int, with_exp: bool, among: int = 0) -> crl.Episode:
     """Held-out instance `instance` of `task`, played by crl.play_held_out alone, or with `among` inside the
     batches of crl.evaluate(run, run.tasks, among) up to the one that holds it."""
-    spec = (task, crl.EVAL_SEED0 + instance, instance, with_exp)
+    n = among or max(256, instance + 1)   # the vault's held-out set depends on its size (its doors balanced)
+    spec = (task, envs.held_out_seeds(task, n, crl.EVAL_SEED0)[instance], instance, with_exp)
     if not among:
         return crl.play_held_out(run, [spec], crl.EVAL_STEP)[0]
     specs = crl.held_out_specs(run, run.tasks, among)
@@ -105,7 +107,7 @@ def show(run, e: crl.Episode) -> str:
     """The episode as text."""
     indent = lambda text: textwrap.indent(printable(text), "    ", lambda line: True)
     how = "with experience" if e.with_exp else "without experience"
-    lines = [f"{e.task}, held-out instance {e.seed - crl.EVAL_SEED0} (game seed {e.seed}), {how}",
+    lines = [f"{e.task}, held-out instance {e.group} (game seed {e.seed}), {how}",
              *lesson_lines(run, e)]
     for k, (read, reply) in enumerate(turns(run.actor_tok, e)):
         lines += [f"--- turn {k + 1}: the actor reads", indent(read.strip("\n"))]
@@ -121,7 +123,7 @@ def main(argv=None):
     p.add_argument("run", help="a run directory with a checkpoint (RUN/args.json, RUN/ckpt)")
     p.add_argument("--task", help="one of the run's tasks (default: its first)")
     p.add_argument("--seed", type=int, default=0, metavar="N",
-                   help="held-out instance N: game seed crl.EVAL_SEED0 + N (default 0)")
+                   help="held-out instance N: the Nth of envs.held_out_seeds (default 0)")
     p.add_argument("--no-experience", action="store_true",
                    help="play without a lesson (default: with one when the run has a bank)")
     p.add_argument("--among", type=int, default=0, metavar="E",

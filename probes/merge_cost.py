@@ -1,5 +1,5 @@
-"""What one merge pass costs at a bank's real size, the measurement behind --merge-chunks. Run:
-python -m probes.merge_cost RUN_DIR [--chunks N] [train.py flags: --actor smollm2 --extractor smollm2 ...]
+"""What one merge pass costs at a bank's real size. Run:
+python -m probes.merge_cost RUN_DIR [train.py flags: --actor smollm2 --extractor smollm2 ...]
 
 The release consolidates each task's whole bank every merge: one extractor call per --merge-size entries,
 in a chain (crl.merge_pass). This loads the last bank a run logged (RUN_DIR/bank.jsonl), builds the models
@@ -37,8 +37,8 @@ def main(argv=None):
     crl.apply_everywhere(run, crl.merge_pass(run, 0, rng))
     seconds = time.perf_counter() - t0
     after = {task: run.manager.bank.size(task) for task in banks}
-    print(f"merge pass over {before} entries ({args.extractor} extractor, merge_size {run.cfg.merge_size}, "
-          f"merge_chunks {run.cfg.merge_chunks or 'all'}): about {calls} chained calls, {seconds:.1f} s; "
+    print(f"merge pass over {before} entries ({args.extractor} extractor, merge_size {run.cfg.merge_size}): "
+          f"about {calls} chained calls, {seconds:.1f} s; "
           f"wrote {run.counters['merges']} lessons, dropped {run.counters['discards']} entries, parse failures "
           f"{run.counters['parse_failures']}; after: {after}")
     run.manager.close()

@@ -25,30 +25,33 @@ import train
 from bank import ExperienceBank, Operation
 
 
-def lesson(cfg, env, door: str) -> str:
-    return door if cfg.lesson_moves else f"In the {env.name} vault the {door} door opens."
+def lesson(cfg, name: str, door: str) -> str:
+    return door if cfg.lesson_moves else f"In the {name} vault the {door} door opens."
 
 
-def vault_bank(run, instances: int, shift: int) -> tuple[ExperienceBank, list[str]]:
-    """One lesson per held-out vault: the secret of vault (j + shift) mod N, keyed by vault j's query."""
-    games = [envs.make("vault") for _ in range(instances)]
-    for j, env in enumerate(games):
-        env.reset(seed=crl.EVAL_SEED0 + j)
-    told = [games[(j + shift) % instances].secret for j in range(instances)]
-    texts = {crl.EVAL_SEED0 + j: lesson(run.cfg, games[j], door) for j, door in enumerate(told)}
-    return bank_of(run, texts, origin_shift=shift, instances=instances), told
+def held_out(instances: int) -> list[int]:
+    """The seeds of the held-out vaults evaluation plays (crl.held_out_specs)."""
+    return envs.held_out_seeds("vault", instances, crl.EVAL_SEED0)
 
 
-def bank_of(run, texts: dict, origin_shift: int = 0, instances: int = 0) -> ExperienceBank:
+def vault_bank(run, instances: int, shift: int) -> tuple[ExperienceBank, dict]:
+    """One lesson per held-out vault: the secret of vault (j + shift) mod N, keyed by vault j's query. Returns the
+    bank and {vault seed: the door its lesson names}."""
+    seeds = held_out(instances)
+    origins = [seeds[(j + shift) % instances] for j in range(instances)]
+    told = {seed: envs.vault_door(o) for seed, o in zip(seeds, origins)}
+    texts = {seed: lesson(run.cfg, envs.vault_name(seed), door) for seed, door in told.items()}
+    return bank_of(run, texts, origins), told
+
+
+def bank_of(run, texts: dict, origins: list[int] | None = None) -> ExperienceBank:
     """A bank with one lesson for each vault seed in `texts`, keyed by that vault's retrieval query; its origin
-    is the vault `origin_shift` places on (mod `instances`), whose door a shifted lesson names."""
+    is the vault whose door it names (`origins`; default: its own)."""
     games = [envs.make("vault") for _ in texts]
     queries = [crl.retrieval_query(env, env.reset(seed=seed)) for seed, env in zip(texts, games)]
     bank = ExperienceBank(run.manager.bank.dim)
-    origin = [seed if not origin_shift else crl.EVAL_SEED0 + (seed - crl.EVAL_SEED0 + origin_shift) % instances
-              for seed in texts]
     bank.apply([Operation("add", "vault", text, key=key, origin=o)
-                for text, key, o in zip(texts.values(), run.manager.embed(queries), origin)])
+                for text, key, o in zip(texts.values(), run.manager.embed(queries), origins or list(texts))])
     return bank
 
 
@@ -66,17 +69,15 @@ def main(argv=None):
     if run.manager is None:
         print("no bank (grpo): the oracle and shuffled banks and the extractor's side are skipped")
         return
-    secrets = [(env.reset(seed=crl.EVAL_SEED0 + j), env.secret)[1] for j, env in
-               enumerate(envs.make("vault") for _ in range(mine.instances))]
     for name, shift in (("oracle", 0), ("shuffled", 1)):
         run.manager.bank, told = vault_bank(run, mine.instances, shift)
         specs = crl.held_out_specs(run, ["vault"], mine.instances)
         eps = crl.play_held_out(run, specs, crl.EVAL_STEP)
         exp = [e for e in eps if e.with_exp]
         first = [first_move(e).strip() for e in exp]
-        follow = sum(f == told[e.seed - crl.EVAL_SEED0] for f, e in zip(first, exp)) / len(exp)
+        follow = sum(f == told[e.seed] for f, e in zip(first, exp)) / len(exp)
         m = {**metrics.success_metrics(eps, "eval"), **metrics.same_instance(eps, "retrieval")}
-        right = sum(told[j] == secrets[j] for j in range(mine.instances)) / mine.instances
+        right = sum(door == envs.vault_door(seed) for seed, door in told.items()) / mine.instances
         print(f"{mine.run or args.actor}, {name} bank ({right:.3f} of its lessons name the right door), "
               f"{mine.instances} held-out vaults: success with the lesson {m['eval/vault/success_exp']:.3f}, without "
               f"{m['eval/vault/success_noexp']:.3f}; first door = the lesson's {follow:.3f}; same-instance "
@@ -89,7 +90,7 @@ def main(argv=None):
 
 def replays(run, name: str, instances: int, times: int):
     """Each held-out vault played `times` times without experience: how alike the plays of one vault are."""
-    specs = [("vault", crl.EVAL_SEED0 + j, j, False) for _ in range(times) for j in range(instances)]
+    specs = [("vault", seed, j, False) for _ in range(times) for j, seed in enumerate(held_out(instances))]
     eps = crl.play_held_out(run, specs, crl.EVAL_STEP)
     wins = [sum(e.success for e in eps if e.group == j) for j in range(instances)]
     again = win_again(wins, times)
@@ -123,7 +124,7 @@ def after_a_loss(run, name: str, plays: list, times: int):
              lambda doors: "try: " + ", ".join(doors_left(doors)))
     for text in forms:
         run.manager.bank = bank_of(run, {seed: text(doors) for seed, doors in lost.items()})
-        eps = crl.play_held_out(run, [("vault", s, s - crl.EVAL_SEED0, True) for _ in range(times) for s in lost],
+        eps = crl.play_held_out(run, [("vault", s, j, True) for _ in range(times) for j, s in enumerate(lost)],
                                 crl.EVAL_STEP)
         listed = sum(first_move(e) in lost[e.seed] for e in eps) / len(eps)
         print(f"{name} actor, the {len(lost)} vaults a play lost, each told the locked doors of that play as "

@@ -55,20 +55,6 @@ def success_by_kind(entries: list) -> dict:
     return {k: (wins[k] / uses[k], uses[k]) for k in ("right", f"wrong, {common}", "wrong, other") if uses[k]}
 
 
-def sets(entries: list, block: int = 50) -> dict:
-    """With --lesson-sets: {first iteration of a block: (share of lessons naming several doors, lessons)}, and the
-    success per use of the several-door lessons that hold their vault's door and of those that do not."""
-    by_block, uses, wins = collections.defaultdict(list), collections.Counter(), collections.Counter()
-    for e in entries:
-        doors = e.text.strip().lower().split(", ")
-        by_block[e.created // block * block].append(len(doors) > 1)
-        if e.origin >= 0 and len(doors) > 1:
-            kind = "holds the door" if envs.vault_door(e.origin) in doors else "lacks it"
-            uses[kind], wins[kind] = uses[kind] + e.uses, wins[kind] + e.successes
-    return {"several": {b: (sum(v) / len(v), len(v)) for b, v in sorted(by_block.items())},
-            "success": {k: (wins[k] / uses[k], uses[k]) for k in ("holds the door", "lacks it") if uses[k]}}
-
-
 def metric_rows(run: str) -> list[dict]:
     with open(os.path.join(run, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -103,11 +89,6 @@ def main(runs: list[str]):
         if after:
             print("  success after reading a lesson, by third of the run: " + ", ".join(
                 f"{k} " + " / ".join(f"{x:.3f}" for x in v) for k, v in after.items()))
-        if json.load(open(os.path.join(run, "args.json"))).get("lesson_sets"):
-            got = sets(entries)
-            print("  naming several doors, by iteration written: " + ", ".join(
-                f"{b}-{b + 49}: {s:.2f} of {n}" for b, (s, n) in got["several"].items()))
-            print("  success per use of those: " + ", ".join(f"{k} {s:.3f} of {n}" for k, (s, n) in got["success"].items()))
         print("  extractor reward by CISPO step: " + (", ".join(f"{t}: {r:+.2f}" for t, r in extractor_rewards(rows))
                                                        or "none (frozen)"))
 

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Its options (--lesson-sets, --query-map, --recent-moves) were retired after beda864: run this script in a checkout
+# of beda864 or of the commit named below (git worktree add ../crl-beda864 beda864).
 # Rebuilds results/cispo-sets/: can CISPO teach the SmolLM2 extractor to write, after a lost vault, the doors the
 # play left untried (--lesson-sets), the one lesson that lifts a trained actor on the vaults it lost
 # (results/vault-clean/controls: 0.02 -> 0.29)? The probe of runs/cispo-vault.sh (probes/cispo_vault.py: 16

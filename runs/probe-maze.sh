@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Its options (--lesson-sets, --query-map, --recent-moves) were retired after beda864: run this script in a checkout
+# of beda864 or of the commit named below (git worktree add ../crl-beda864 beda864).
 # Rebuilds results/probe-maze/: crl and grpo x 3 seeds on maze with every tiny lesson setting at once (3-move
 # plans, the last 3 moves in view, 32 training instances, the map in the retrieval key), 120 iterations.
 # Produced at 5fd2a7d (seed 0) and c606302 (seeds 1-2), the algorithm before the release's defaults: to get the

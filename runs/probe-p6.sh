@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Its options (--lesson-sets, --query-map, --recent-moves) were retired after beda864: run this script in a checkout
+# of beda864 or of the commit named below (git worktree add ../crl-beda864 beda864).
 # Rebuilds results/probe-p6/ (probe p6 in results/probes.md): can CISPO teach the tiny extractor? exp-only on
 # room after a 300-step lesson-following prior, one-word lessons, an 8-instance pool keyed by the map; each
 # run trained (learn) and with the extractor frozen by --extractor-lr 0 (frozen), seeds 0 and 1, 100

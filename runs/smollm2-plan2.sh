@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Its options (--lesson-sets, --query-map, --recent-moves) were retired after beda864: run this script in a checkout
+# of beda864 or of the commit named below (git worktree add ../crl-beda864 beda864).
 # Rebuilds results/smollm2-plan2/: crl x 3 seeds on room with 2-move plans as lessons, retrieved by a key that
 # holds the map (--lesson-moves 2 --query-map), then the lesson-following probe on each trained actor.
 # Produced at a7c46e3 (the grid) and 7d2f199 (lesson-follow), the algorithm before the release's defaults: to

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Its options (--lesson-sets, --query-map, --recent-moves) were retired after beda864: run this script in a checkout
+# of beda864 or of the commit named below (git worktree add ../crl-beda864 beda864).
 # Rebuilds results/vault-sets/: crl on the clean vault of runs/vault-clean.sh with lessons that are sets of doors
 # (--lesson-sets), so that a lesson written after a loss can name the doors the play left untried, and a lesson
 # after every episode (--extractor-none never: allowed NONE after a loss, the untrained extractor takes it 0.975 of

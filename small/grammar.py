@@ -109,12 +109,6 @@ def lesson_plans(actions: tuple, n: int) -> tuple[str, ...]:
     return tuple(" ".join(p) for k in range(1, n + 1) for p in itertools.product(actions, repeat=k))
 
 
-@functools.lru_cache(maxsize=16)
-def lesson_sets(actions: tuple) -> tuple[str, ...]:
-    """The set grammar: every non-empty set of the env's action words, in the env's order, `north, east`."""
-    return tuple(", ".join(c) for k in range(1, len(actions) + 1) for c in itertools.combinations(actions, k))
-
-
 def heads_for(run, shown: list[int], tasks: list[str], merge: bool = False,
               won: list[bool] | None = None) -> list | None:
     """A run's extractor constraints, one per prompt: None when it writes free text (crl.Run: cfg, pool,
@@ -133,11 +127,9 @@ def may_answer_none(cfg, won: bool, merge: bool = False) -> bool:
 
 
 def task_plans(run, task: str) -> tuple[str, ...]:
-    """The lesson grammar of `task` (empty without cfg.lesson_moves or cfg.lesson_sets), from one of its envs'
-    actions."""
-    if not (run.cfg.lesson_moves or run.cfg.lesson_sets):
+    """The lesson grammar of `task` (empty without cfg.lesson_moves), from one of its envs' actions."""
+    if not run.cfg.lesson_moves:
         return ()
     env = run.pool.take(task)
     run.pool.give(task, True, env)
-    actions = tuple(env.actions)
-    return lesson_sets(actions) if run.cfg.lesson_sets else lesson_plans(actions, run.cfg.lesson_moves)
+    return lesson_plans(tuple(env.actions), run.cfg.lesson_moves)

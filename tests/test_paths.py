@@ -178,19 +178,6 @@ def test_a_constrained_merge_lists_one_lesson_or_none():
     assert lists["UPDATE 1,2,3: west"] == ([("update", (1, 2, 3), "west")], 0)
 
 
-def test_merge_chunks_bounds_a_pass(monkeypatch):
-    """--merge-chunks 1: one call per task a pass, on the oldest entries; the rest are not shown."""
-    emb = HashEmbedder()
-    manager = ExperienceManager(ExperienceBank(emb.dim), emb, sync=True)
-    manager.apply([Operation("add", "room", f"lesson {i}", key=emb([str(i)])[0]) for i in range(1, 8)])
-    run = tiny_run(manager, merge_size=3, merge_chunks=1)
-    calls = []
-    monkeypatch.setattr(crl, "extractor_generate", lambda run_, prompts, *a, **k: calls.append(
-        run_.extractor_tok.decode(prompts[0])) or [(7, "NONE")])
-    assert crl.merge_pass(run, 4, None) == [] and len(calls) == 1
-    assert "[3] lesson 3" in calls[0] and "lesson 4" not in calls[0]
-
-
 def test_train_instances_draw_from_a_fixed_pool():
     """--train-instances N: every training group plays one of the seeds 0..N-1; without it, seeds spread."""
     pooled, fresh = tiny_run(train_instances=3, groups=8), tiny_run(groups=8)
@@ -224,43 +211,23 @@ def replies_and_prompts(run, eps):
     return out
 
 
-def test_history_windows_and_recent_moves():
+def test_history_windows():
     """--history 2: each turn is a fresh context of the system prompt, the last two (observation, reply) turns
-    and the new observation; --recent-moves 2 ends each observation after the first with the last two
-    replies, in the actor's view only (the transcript the extractor reads has none)."""
-    run = tiny_run(history=2, recent_moves=2, max_steps=5)
+    and the new observation."""
+    run = tiny_run(history=2, max_steps=5)
     eps = crl.rollout(run, [("room", s, s, False) for s in range(3)], torch.Generator().manual_seed(1), 1.0)
     tok = run.actor_tok
     for e in eps:
         assert len(e.segments) == e.turns >= 3 and all(s.share == 1 / e.turns for s in e.segments)
         observations = [text for who, text in e.transcript if who == "environment"]
         replies = [text for who, text in e.transcript if who == "agent"]
-        assert not any("last moves" in o for o in observations)
-        seen = [observations[0]] + [o + "\nlast moves: " + " ".join(replies[max(0, k - 1):k + 1])
-                                    for k, o in enumerate(observations[1:])]
         for k, s in enumerate(e.segments):
-            turns = [{"role": "user", "content": seen[j]} if r == 0 else {"role": "assistant", "content": replies[j]}
+            turns = [{"role": "user", "content": observations[j]} if r == 0 else {"role": "assistant", "content": replies[j]}
                      for j in range(max(0, k - 2), k) for r in (0, 1)]
-            prompt = crl.encode_chat(tok, turns + [{"role": "user", "content": seen[k]}])
+            prompt = crl.encode_chat(tok, turns + [{"role": "user", "content": observations[k]}])
             assert s.tokens[:len(prompt)] == prompt and not any(s.mask[:len(prompt)])
             assert tok.decode([t for t, m in zip(s.tokens, s.mask) if m]).rstrip("\n").removesuffix(
                 tok.eos_token) == replies[k]
-
-
-def test_query_map_keys_retrieval_by_the_map():
-    """--query-map: with the map hidden from the actor, the retrieval query and the first view the extractor
-    reads are the map view; without it, the actor's own first observation."""
-    import envs
-    specs = [("room", s, s, False) for s in (3, 4)]
-    for query_map in (True, False):
-        run = tiny_run(query_map=query_map, max_steps=1)
-        eps = crl.rollout(run, specs, torch.Generator().manual_seed(0), 1.0)
-        for e in eps:
-            env = envs.make("room", show_map=False)
-            first = env.reset(seed=e.seed)
-            view = env.map_view() if query_map else first
-            assert view != first or not query_map
-            assert e.query == f"{env.instruction}\n{view}" and e.transcript[0] == ("environment", view)
 
 
 def test_a_fractional_webshop_reward_reaches_the_advantages(monkeypatch):
@@ -289,8 +256,8 @@ def test_a_fractional_webshop_reward_reaches_the_advantages(monkeypatch):
 
 
 def test_only_the_with_experience_half_is_distilled(monkeypatch):
-    """[release] The extractor reads the with-experience half of each group (--distill-from all: every episode;
-    --distill-per-group n: n of those a group)."""
+    """[release] The extractor reads the with-experience half of each group (--distill-per-group n: n of those a
+    group)."""
     monkeypatch.setattr(crl.parallel, "Distillation", lambda run, fn, chosen, step, rng: chosen)
     eps = [crl.Episode("room", g, g, j >= 2) for g in range(2) for j in range(4)]
     for i, e in enumerate(eps):
@@ -298,7 +265,6 @@ def test_only_the_with_experience_half_is_distilled(monkeypatch):
     def chosen(**kw):
         return [(e.group, e.with_exp) for e in crl.distill_episodes(tiny_run(**kw), eps, 0, None)]
     assert chosen() == [(0, True), (0, True), (1, True), (1, True)]
-    assert chosen(distill_from="all") == [(e.group, e.with_exp) for e in eps]
     assert chosen(distill_per_group=1) == [(0, True), (1, True)]
 
 

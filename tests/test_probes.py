@@ -7,7 +7,6 @@ import math
 import os
 import re
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,8 +18,8 @@ import envs
 import train
 from bank import ExperienceBank, Operation
 from model import load_tokenizer
-from probes import (ONE_MOVE, actor_policy, bank_value, cispo_vault, episode, judge, lesson_follow, lessons, memoryless, policy,
-                    pool_lessons, random_play, vault_controls, vault_forms, vault_lessons, gpu_profile)
+from probes import (ONE_MOVE, cispo_vault, episode, judge, lesson_follow, lessons, policy, random_play, vault_controls,
+                    vault_forms, vault_lessons, gpu_profile)
 from small.tiny import tiny_model
 from test_train import FAST
 
@@ -83,25 +82,6 @@ def test_lessons_viewer_counts_the_bank(run_dir, capsys):
     snaps = [json.loads(line) for line in open(os.path.join(run_dir, "bank.jsonl"))]
     assert [s["step"] for s in snaps] == [0, 1] and "(bank.jsonl)" in out
     assert os.path.exists(os.path.join(run_dir, "lessons.png"))
-
-
-def test_actor_policy(run_dir, capsys):
-    actor_policy.main([run_dir, "2"])
-    assert "over 2 held-out episodes" in capsys.readouterr().out
-
-
-def test_pool_lessons(run_dir, capsys):
-    pool_lessons.main(Path(run_dir), 2)
-    out = capsys.readouterr().out
-    assert "seed 0: stairs" in out and "seed 1: stairs" in out
-
-
-def test_memoryless_and_bank_value(capsys):
-    memoryless.main(4)
-    assert sum("held-out success" in line or "toward" in line for line in capsys.readouterr().out.splitlines()) == 22
-    bank_value.main(train_starts=8, evals=4)
-    out = capsys.readouterr().out
-    assert "no lesson (the stepper): held-out success" in out and out.count("follow") == 8
 
 
 def test_judge_probe(capsys):
@@ -220,21 +200,20 @@ def test_cispo_probe_lift_credits_a_lost_vaults_lesson_against_its_replayed_loss
     assert [run.generations[g].credits for g in range(3)] == [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]
 
 
-def test_cispo_probe_reads_a_lost_vaults_lesson_sets(monkeypatch):
-    """A policy with 0.5 on `ADD: <the doors left>` and 0.5 on NONE, on a vault lost through three doors: clean
-    0.5, the doors left 0.5, NONE 0.5, 5 doors a lesson, and the follower's success 0.5 x p_follow where the
-    trained actor reaches the vault's door among the first two doors left."""
+def test_cispo_probe_reads_a_lost_vault(monkeypatch):
+    """A policy with 0.5 on `ADD: <a door the play left>` and 0.5 on NONE, on a vault lost through three doors:
+    clean 0.5, the doors left 0 (five of them: no one-door lesson names them all), NONE 0.5, one door a lesson,
+    and the follower's success 0.5 x p_follow where the trained actor reaches the vault's door with it."""
     monkeypatch.setattr(crl, "extractor_prompt", lambda run, e: e)
     e = vault_controls.scripted_episode(crl.EVAL_SEED0, False, "north", np.random.default_rng(1))
     tried = vault_controls.moves(e)
-    left = ", ".join(d for d in cispo_vault.DOORS if d not in tried)
+    door = next(d for d in cispo_vault.DOORS if d not in tried)
     monkeypatch.setattr(cispo_vault, "policy", lambda model, tok, e, completions: torch.tensor(
-        [0.5 * (c in (f"ADD: {left}", "NONE")) for c in completions]))
-    run = SimpleNamespace(extractor=None, extractor_tok=None,
-                          cfg=crl.CRLConfig(lesson_sets=True, extractor_none="failure"))
+        [0.5 * (c in (f"ADD: {door}", "NONE")) for c in completions]))
+    run = SimpleNamespace(extractor=None, extractor_tok=None, cfg=crl.CRLConfig(extractor_none="failure"))
     out = cispo_vault.evaluate_lost(run, [e], 0.8)
-    wins = cispo_vault.habit_wins(tried, left, cispo_vault.secret(e.seed))
-    assert out == pytest.approx({"lost_clean": 0.5, "lost_doors_left": 0.5, "lost_none": 0.5, "lost_doors": 5.0,
+    wins = cispo_vault.habit_wins(tried, door, cispo_vault.secret(e.seed))
+    assert out == pytest.approx({"lost_clean": 0.5, "lost_doors_left": 0.0, "lost_none": 0.5, "lost_doors": 1.0,
                                  "lost_follower": 0.4 * wins})
 
 
@@ -270,18 +249,18 @@ def test_cispo_probe_runs_its_steps_and_evaluations(tmp_path):
     assert curve[0]["p_opened"] != curve[1]["p_opened"]          # the step changed the extractor
 
 
-def test_cispo_probe_runs_on_lesson_sets_after_losses(tmp_path):
-    """The probe with --lesson-sets, every episode lost, the trained actor following (--p-follow) and lift credit
-    (--p-again): one CISPO step, and the lost vaults' readings are probabilities that the step moves."""
+def test_cispo_probe_runs_on_losses(tmp_path):
+    """The probe with every episode lost, the trained actor following (--p-follow) and lift credit (--p-again):
+    one CISPO step, and the lost vaults' readings are probabilities that the step moves."""
     out = tmp_path / "probe"
     cispo_vault.main(["--out", str(out), "--steps", "1", "--batch", "8", "--eval-every", "1", "--eval-vaults", "1",
                       "--p-won", "0", "--p-follow", "1", "--p-again", "0.99", "--actor", "tiny", "--extractor",
-                      "tiny", "--lesson-sets", "--extractor-none", "never", "--credit", "lift",
+                      "tiny", "--lesson-moves", "1", "--extractor-none", "never", "--credit", "lift",
                       "--extractor-lr", "1e-2", "--extractor-temperature", "3"])
     curve = [json.loads(line) for line in open(out / "curve.jsonl")]
     steps = [json.loads(line) for line in open(out / "steps.jsonl")]
     assert all(0 <= c[k] <= 1 for c in curve for k in ("lost_clean", "lost_doors_left", "lost_none", "lost_follower"))
-    assert all(1 <= c["lost_doors"] <= 8 for c in curve) and steps[0]["cispo"] and steps[0]["lessons"] == 8
+    assert all(c["lost_doors"] == 1 for c in curve) and steps[0]["cispo"] and steps[0]["lessons"] == 8
     assert curve[0]["lost_clean"] != curve[1]["lost_clean"]
 
 
@@ -303,29 +282,6 @@ def test_vault_lessons_success_per_use_by_kind(tmp_path):
     entries, _ = vault_lessons.lessons(str(tmp_path))
     assert vault_lessons.success_by_kind(entries) == {"right": (0.75, 4), f"wrong, {w}": (0.5, 4),
                                                       "wrong, other": (0.0, 4)}
-
-
-def test_vault_lessons_reads_lesson_sets(tmp_path):
-    """At iteration 3 a set holding its vault's door (won 2 of 2 uses), a set lacking it (0 of 2) and one door; at
-    60 one door: several doors 2/3 in block 0-49 and 0/1 in 50-99; success per use 1.0 holding, 0.0 lacking."""
-    from bank import Operation
-    env = envs.make("vault")
-    seed = next(s for s in range(5, 50) if (env.reset(seed=s), env.secret)[1] != env.actions[0])
-    others = [d for d in env.actions if d != env.secret]
-    holds = f"{others[0]}, {env.secret}"   # the door second, in the env's order
-    bank = ExperienceBank(2)
-    key = torch.tensor([1.0, 0.0])
-    ids = bank.apply([Operation("add", "vault", holds, key=key, step=3, origin=seed),
-                      Operation("add", "vault", ", ".join(others[1:3]), key=key, step=3, origin=seed),
-                      Operation("add", "vault", others[0], key=key, step=3, origin=seed),
-                      Operation("add", "vault", env.secret, key=key, step=60, origin=seed)])
-    for eid, results in zip(ids, ([1, 1], [0, 0])):
-        for won in results:
-            bank.record_use([eid], bool(won))
-    bank.save(tmp_path / "ckpt" / "bank")
-    entries, _ = vault_lessons.lessons(str(tmp_path))
-    assert vault_lessons.sets(entries) == {"several": {0: (pytest.approx(2 / 3), 3), 50: (0.0, 1)},
-                                           "success": {"holds the door": (1.0, 2), "lacks it": (0.0, 2)}}
 
 
 def test_vault_lessons_scores_each_lesson_against_its_vaults_door(tmp_path):
@@ -436,13 +392,14 @@ def test_episode_probe_prints_the_episode_crl_plays(vault_run, capsys):
     run, start = train.build(args, torch.device("cpu"), torch.float32)
     run.step = start - 1
     for instance, with_exp in ((0, True), (1, False), (2, True)):
-        want = crl.play_held_out(run, [("vault", crl.EVAL_SEED0 + instance, instance, with_exp)], crl.EVAL_STEP)[0]
+        seed = envs.held_out_seeds("vault", 256, crl.EVAL_SEED0)[instance]
+        want = crl.play_held_out(run, [("vault", seed, instance, with_exp)], crl.EVAL_STEP)[0]
         episode.main([vault_run, "--seed", str(instance), *([] if with_exp else ["--no-experience"])])
         got = printed_episode(capsys.readouterr().out)
         assert got["replies"] == [shown(text) for who, text in want.transcript if who == "agent"]
         views = [shown(text) for who, text in want.transcript if who == "environment"]
         assert len(got["reads"]) == want.turns and all(v in r for v, r in zip(views, got["reads"]))
-        assert f"game seed {crl.EVAL_SEED0 + instance}" in got["head"][1]
+        assert f"held-out instance {instance} (game seed {seed})" in got["head"][1]
         assert got["outcome"].startswith("outcome: ") and \
             f"success {want.success}, reward {want.reward:.3f}, {want.turns} actions" in got["outcome"]
         if with_exp:   # the tiny preset: the lesson closes the system prompt, which opens every turn's window

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import crl
-import envs
 import parallel
 import rundir
 import train
@@ -449,32 +448,6 @@ def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
             assert torch.allclose(lp[mask], torch.tensor(g.logprobs), atol=1e-4)
 
 
-def test_lesson_set_grammar_can_name_the_doors_left():
-    """--lesson-sets: a lesson is a set of the vault's doors in the vault's order, so the doors a lost play left
-    untried (the lesson that lifts a trained actor on the vaults it lost, probes/vault_controls.py) is one; a hot
-    tiny extractor's replies after a loss parse to such sets, several doors long, or NONE."""
-    from model import load_tokenizer
-    tok = load_tokenizer("tiny")
-    cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=1, lesson_sets=True, extractor_none="failure",
-                        extractor_reply_tokens=8, extractor_temperature=3.0)
-    run = crl.Run(cfg, ["vault"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
-    run.timer = {"extractor": 0.0}
-    plans = grammar.task_plans(run, "vault")
-    doors = envs.Vault.actions
-    assert len(plans) == 2 ** len(doors) - 1
-    assert ", ".join(d for d in doors if d not in ("north", "east", "west")) in plans
-    assert "east, north" not in plans and "north, north" not in plans
-    prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
-    out = crl.extractor_generate(run, [prompt] * 32, ["vault"] * 32, crl.seeded_generator("cpu", 0, 3),
-                                 grammar.heads_for(run, [1] * 32, ["vault"] * 32, won=[False] * 32))
-    sizes = []
-    for _, reply in out:
-        ops, bad = crl.parse_operations(reply, shown=1)
-        assert bad == 0 and all(text in plans for _, _, text in ops), reply
-        sizes += [len(text.split(", ")) for _, _, text in ops]
-    assert max(sizes) >= 3
-
-
 def test_no_extractor_none_heads_always_write_a_lesson():
     """--extractor-none never: a distilling tiny extractor's head is ADD or UPDATE, never NONE, with the lesson
     grammar and with free lessons; a merge may still answer NONE (or keep one lesson: KEEP)."""
@@ -791,3 +764,16 @@ def test_sigterm_under_torchrun_stops_every_rank_at_the_same_step(tmp_path, one_
                    "--master_port", str(_free_port()), "train.py", "--tasks", "room", "--mode", "crl", *FAST,
                    "--eval-every", "0", "--iters", str(iters), "--out", out]   # a fresh port per launch
     _stopped_then_resumed(cmd, out, signals.SIGTERM, iters, one_rank)
+
+
+def test_a_run_that_used_a_retired_option_resumes_only_at_its_commit(tmp_path, capsys):
+    """A closed study's run (args.json with --lesson-sets on) is told, in one line, the commit to resume it at;
+    a run that left the retired options at their defaults resumes here."""
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "lesson_sets": True, "distill_from": "exp"}))
+    with pytest.raises(SystemExit):
+        train.parse_args(["--out", str(out), "--resume"])
+    assert f"the run used --lesson-sets, retired after {train.RETIRED_AFTER}" in capsys.readouterr().err
+    (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "lesson_sets": False, "distill_from": "exp"}))
+    assert train.parse_args(["--out", str(out), "--resume"]).tasks == ["vault"]
