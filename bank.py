@@ -14,7 +14,7 @@ its model checkpoints (which it makes durable: the bank's files are plain files)
   top-k followed by a small diversity re-rank. Thread-safe on its own: one lock around every public
   method, and a list of operations is applied atomically.
 - bank_store.py: its save, load and copy (`Persistence`, which ExperienceBank inherits).
-- `ExperienceManager`: the bank with the embedder that keys it (hf.Embedder in training; any callable
+- `ExperienceManager`: the bank with the embedder that keys it (embedder.Embedder in training; any callable
   texts -> [N, dim] L2-normalised vectors will do). It searches on the caller's thread (one embedding call
   and one bank search), and owns the one background thread distillation runs on (parallel.Distillation
   submits to it, so the actor trains while the extractor distils): a one-worker ThreadPoolExecutor whose

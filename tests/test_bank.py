@@ -15,7 +15,7 @@ import torch
 import bank as B
 import bank_store
 from bank import Entry, ExperienceBank, ExperienceManager, Operation
-from hf import Embedder, default_embedder_path
+from embedder import Embedder, default_embedder_path
 
 
 def unit(rng, n, d):

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import bench
+import embedder
 import hf
 import train
 from test_train import FAST, _torchrun, read_metrics
@@ -82,7 +83,7 @@ def test_a_revision_resolves_to_its_snapshot(cache):
     assert hf.checkpoint_dir(REPO) == snapshot(cache, MAIN)
     assert hf.checkpoint_dir(f"{REPO}@{OTHER}") == snapshot(cache, OTHER)   # a commit
     assert hf.checkpoint_dir(f"{REPO}@v2") == snapshot(cache, OTHER)        # a branch, through refs/v2
-    assert str(hf.Embedder(f"{REPO}@v2").path) == snapshot(cache, OTHER)   # --embedder takes a name too
+    assert str(embedder.Embedder(f"{REPO}@v2").path) == snapshot(cache, OTHER)   # --embedder takes a name too
 
 
 def test_an_absent_name_offline_is_one_line_naming_the_fetch(cache, tmp_path):

@@ -69,7 +69,7 @@ def test_logits_and_greedy_tokens_equal_transformers(reference, ours):
 def test_embedder_takes_the_packaged_name(ours):
     """--embedder smollm2: the decoder embedder (last-token pooling) over the converted checkpoint, equal to
     the hidden state of each text's last token computed here."""
-    from hf import Embedder
+    from embedder import Embedder
     net, tok = ours
     texts = ["stairs down (>): 1 southeast", "(nothing notable in view)"]
     vecs = Embedder("smollm2")(texts)

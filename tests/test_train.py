@@ -533,7 +533,7 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
         return sum(move_probs(o, [a])[j] for o in obs for j, a in enumerate(env.actions)).item() / (4 * 8), obs
 
     before, _ = follow_rate()
-    presets.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
+    train.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
     after, obs = follow_rate()
     assert before < 0.2 and after > 0.3
     assert max(move_probs(o, []).max().item() for o in obs) < 0.5
