@@ -32,4 +32,5 @@ fi
 if [ "$PART" != grid ]; then
     pilot reveal
     pilot reveal-search1 --bank-search-batch 1
+    pilot reveal-search1-lr1e-5 --bank-search-batch 1 --extractor-lr 1e-5   # reveal-search1's extractor collapsed
 fi
