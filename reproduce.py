@@ -11,10 +11,10 @@ picture from what is there.
 
 Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`), `no-split`, the split-advantage ablation
 (`crl` with one advantage group over all G rollouts), and `oracle` (`static` with the vault's scripted extractor,
-whose every lesson is right: the ceiling of what lessons can give this actor). The table gives the final held-out success with and
-without experience (mean and 95% interval over seeds, Student t), the paired with-minus-without difference,
-each mode's difference from GRPO paired by seed, and the extractor's mean reward early vs late in training
-(finished runs).
+whose every lesson is right: the ceiling of what lessons can give this actor). The table gives the final
+held-out success with and without experience (mean and 95% interval over seeds, Student t), the paired
+with-minus-without difference, each mode's difference from GRPO paired by seed, and the extractor's mean reward
+early vs late in training (finished runs); with attempts, each run's own with - without contrast at the last.
 """
 import argparse
 import json

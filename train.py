@@ -188,8 +188,9 @@ def saved_flags(p, given: dict, defaults: dict) -> dict:
         p.error(f"{path} is damaged (not a JSON object): it holds the run's flags; restore it, or start a new run")
     used = [k for k, default in RETIRED.items() if saved.get(k, default) != default]
     if used:
-        p.error(f"{path}: the run used {', '.join('--' + k.replace('_', '-') for k in used)}, retired after "
-                f"{RETIRED_AFTER}; resume it in a checkout of that commit (git worktree add ../crl-old {RETIRED_AFTER})")
+        flags = ", ".join("--" + k.replace("_", "-") for k in used)
+        p.error(f"{path}: the run used {flags}, retired after {RETIRED_AFTER}; resume it in a checkout of that commit "
+                f"(git worktree add ../crl-old {RETIRED_AFTER})")
     saved = {k: v for k, v in saved.items() if k in defaults and k != "resume"}
     if "tasks" in saved:
         saved["tasks"] = ",".join(saved["tasks"])

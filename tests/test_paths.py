@@ -222,7 +222,8 @@ def test_history_windows():
         observations = [text for who, text in e.transcript if who == "environment"]
         replies = [text for who, text in e.transcript if who == "agent"]
         for k, s in enumerate(e.segments):
-            turns = [{"role": "user", "content": observations[j]} if r == 0 else {"role": "assistant", "content": replies[j]}
+            turns = [{"role": "user", "content": observations[j]} if r == 0
+                     else {"role": "assistant", "content": replies[j]}
                      for j in range(max(0, k - 2), k) for r in (0, 1)]
             prompt = crl.encode_chat(tok, turns + [{"role": "user", "content": observations[k]}])
             assert s.tokens[:len(prompt)] == prompt and not any(s.mask[:len(prompt)])

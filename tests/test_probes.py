@@ -260,7 +260,7 @@ def test_cispo_probe_runs_on_losses(tmp_path):
     curve = [json.loads(line) for line in open(out / "curve.jsonl")]
     steps = [json.loads(line) for line in open(out / "steps.jsonl")]
     assert all(0 <= c[k] <= 1 for c in curve for k in ("lost_clean", "lost_doors_left", "lost_none", "lost_follower"))
-    assert all(c["lost_doors"] == 1 for c in curve) and steps[0]["cispo"] and steps[0]["lessons"] == 8
+    assert all(c["lost_doors"] == pytest.approx(1) for c in curve) and steps[0]["cispo"] and steps[0]["lessons"] == 8
     assert curve[0]["lost_clean"] != curve[1]["lost_clean"]
 
 

@@ -201,8 +201,10 @@ def test_the_oracle_mode_overrides_the_grids_extractor():
 def test_race_counts_cispo_steps_lessons_and_the_gap_by_block():
     """Hand rows over 4 iterations in blocks of 2: CISPO steps at 1 and 2 (one a block, 1 then 2 by the block's
     end), lessons right 0.5 and (1 + 0) / 2, the gap (0.5 - 0.25 + 0.25 - 0.25) / 2 = 0.125 then -0.5 / 1."""
-    rows = [{"step": 0, "train/vault/success_exp": 0.5, "train/vault/success_noexp": 0.25, "lessons/right_written": 0.5},
+    rows = [{"step": 0, "train/vault/success_exp": 0.5, "train/vault/success_noexp": 0.25,
+             "lessons/right_written": 0.5},
             {"step": 1, "train/vault/success_exp": 0.25, "train/vault/success_noexp": 0.25, "extractor/reward": 0.1},
             {"step": 2, "extractor/reward": 0.3, "lessons/right_written": 1.0},
             {"step": 3, "train/vault/success_exp": 0.0, "train/vault/success_noexp": 0.5, "lessons/right_written": 0.0}]
-    assert reproduce.race(rows, "vault", 2)[2:] == ["| 0-1 | 1 (1) | 0.50 | +0.125 |", "| 2-3 | 1 (2) | 0.50 | -0.500 |"]
+    assert reproduce.race(rows, "vault", 2)[2:] == ["| 0-1 | 1 (1) | 0.50 | +0.125 |",
+                                                   "| 2-3 | 1 (2) | 0.50 | -0.500 |"]
