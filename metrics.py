@@ -27,14 +27,14 @@ def paired_contrast(eps, prefix: str) -> dict:
     instance played once each way), its mean, standard deviation and count over instances (over every rank;
     reproduce.py turns them into an interval). It needs no other run, so the lottery of which instances a run
     plays well cancels out."""
-    pairs = {}
-    for e in eps:
-        pairs.setdefault((e.task, e.seed), {})[e.with_exp] = float(e.success)
+    pairs = {}   # the two plays of an instance may be on different ranks (held_out_specs deals specs in turn)
+    for rank_plays in gather_objects([(e.task, e.seed, e.with_exp, float(e.success)) for e in eps]):
+        for task, seed, with_exp, success in rank_plays:
+            pairs.setdefault((task, seed), {})[with_exp] = success
     diffs = {}
-    for rank_pairs in gather_objects(pairs):
-        for (task, _), p in rank_pairs.items():
-            if len(p) == 2:
-                diffs.setdefault(task, []).append(p[True] - p[False])
+    for (task, _), p in sorted(pairs.items()):
+        if len(p) == 2:
+            diffs.setdefault(task, []).append(p[True] - p[False])
     out = {}
     for task, d in sorted(diffs.items()):
         mean = sum(d) / len(d)

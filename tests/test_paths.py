@@ -442,3 +442,17 @@ def test_vault_lessons_count_the_lessons_that_name_their_vaults_door():
            crl.Episode("vault", 5, 0, False, success=True)]
     out = metrics.vault_lessons(eps, [])
     assert out == {"lessons/right_read": 2 / 3, "lessons/won_after_right": 1 / 2, "lessons/won_after_wrong": 0.0}
+
+
+def test_the_contrast_pairs_an_instances_plays_across_ranks(monkeypatch):
+    """Two ranks as held_out_specs deals them (every play without experience on one, with on the other): the
+    contrast still pairs each instance's two plays, [1 - 0, 1 - 1, 0 - 1] = mean 0, sd 1, n 3."""
+    plays = [crl.Episode("vault", s, j, w, success=won) for j, (s, w, won) in enumerate(
+        [(5, False, False), (6, False, True), (7, False, True), (5, True, True), (6, True, True), (7, True, False)])]
+    sent = []   # what rank 1 contributes to the gather, then rank 0's view of the gather
+    monkeypatch.setattr(metrics, "gather_objects", lambda obj: sent.append(obj) or [obj])
+    metrics.paired_contrast(plays[3:], "attempts")
+    monkeypatch.setattr(metrics, "gather_objects", lambda obj: [obj, sent[0]])
+    out = metrics.paired_contrast(plays[:3], "attempts")
+    assert (out["attempts/vault/contrast"], out["attempts/vault/contrast_n"]) == (0.0, 3)
+    assert out["attempts/vault/contrast_sd"] == pytest.approx(1.0)
