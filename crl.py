@@ -68,7 +68,6 @@ which doors an actor happens to play or a lesson left over from training.
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it.
 """
-import dataclasses
 import functools
 import re
 import time
@@ -84,6 +83,7 @@ from hf import encode_chat, next_turn_tokens
 from model import Sampling, Session, generate
 from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
                       world)
+from settings import batching, per_task, probe, setting, small_models, vault_study
 from small.grammar import Constraint, heads_for
 from metrics import (episode_metrics, paired_contrast, retrieval_metrics, same_instance, searches, success_metrics,
                      vault_lessons, wrote_share)
@@ -103,37 +103,6 @@ EVAL_STEP = 7           # ...seeded as at this fixed step, so every evaluation o
 
 # ---------------------------------------------------------------------------------------------------------
 # Settings and run state
-
-def setting(default, help: str, **checks):
-    """A config field with its help text; `checks` (min, above, max, choices, flag, group: its section of -h)
-    shape its command-line flag in train.py, which is generated from these fields."""
-    if dataclasses.is_dataclass(default):   # a nested group of settings: each config gets its own copy
-        return field(default_factory=lambda: dataclasses.replace(default), metadata={"help": help, **checks})
-    return field(default=default, metadata={"help": help, **checks})
-
-
-# the sections of -h beyond the method's own settings (a field made by one of these goes in its section)
-batching = functools.partial(setting, group="how the work is batched (no effect on what is learned beyond float "
-                                             "rounding)")
-small_models = functools.partial(setting, group="for small models (the tiny and smollm2 presets; not in the paper)")
-vault_study = functools.partial(setting, group="the open study: co-evolution on the vault (runs/vault-reveal.sh; "
-                                               "off by default; with --credit lift and --bank-min-cosine)")
-probe = functools.partial(setting, group="closed probes (results/probes.md): off by default, none has shown a gain")
-
-
-def per_task(text: str | None, least: int) -> dict:
-    """A per-task setting: 'N', 'TASK=N,...' or both ('10,webshop=5') -> {task, or None for every other: N}."""
-    out = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        task, eq, n = part.rpartition("=")
-        task = task.strip()
-        if (eq and not task) or (task and task not in envs.TASKS):
-            raise ValueError(f"unknown task {task!r} in {text!r}; tasks: {', '.join(envs.TASKS)}")
-        if not n.strip().isdigit() or int(n) < least:
-            raise ValueError(f"{part!r} in {text!r} is not N or TASK=N with a whole number N >= {least}")
-        out[task or None] = int(n)
-    return out
-
 
 @dataclass
 class CRLConfig:
@@ -1209,12 +1178,11 @@ def evaluate(run, tasks: list[str], episodes: int) -> dict:
 def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> dict:
     """Learning at test time through the bank: each held-out instance is played `attempts` times in rounds,
     once with and once without experience a round; after each round the frozen extractor distils the round's
-    with-experience episodes into a bank that starts empty (no lesson of training's can reach an attempt, at
-    any cosine floor), which the next round retrieves from. Weights stay frozen and the run's own bank
-    untouched. Without memory success stays flat over the attempts; a working memory makes it rise. Returns
-    success, the run's own contrast (with - without experience on the same instances, and its 95% interval),
-    the retrieval's same-instance share and the share of instances the extractor wrote a lesson for (the rest
-    answered NONE) at each attempt."""
+    with-experience episodes into a bank that starts empty (no training lesson can reach an attempt), which the
+    next round retrieves from. Weights stay frozen and the run's bank untouched. Without memory success stays
+    flat over the attempts; a working memory makes it rise. Returns, at each attempt, success, the run's own
+    contrast (metrics.paired_contrast), the same-instance share of retrieval and the share of instances the
+    extractor wrote a lesson for (the rest answered NONE)."""
     specs, out = held_out_specs(run, tasks, instances), {}
     bank, counters, timer = (run.manager.bank if run.manager else None), run.counters, run.timer
     run.counters, run.timer = {k: 0 for k in ("parse_failures", "operations")}, {"extractor": 0.0}

@@ -752,8 +752,9 @@ def vault_held_out_seeds(n: int, first: int) -> tuple[int, ...]:
     seeds, names, seed = [], set(), first
     while len(seeds) < n:
         name = vault_name(seed)
-        if vault_held_out(name) and name not in names and quota[vault_secret(name)]:
-            quota[vault_secret(name)] -= 1
+        door = vault_secret(name)
+        if vault_held_out(name) and name not in names and quota[door]:
+            quota[door] -= 1
             names.add(name)
             seeds.append(seed)
         seed += 1

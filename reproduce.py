@@ -17,6 +17,7 @@ with-minus-without difference, each mode's difference from GRPO paired by seed, 
 early vs late in training (finished runs); with attempts, each run's own with - without contrast at the last.
 """
 import argparse
+import collections
 import json
 import math
 import os
@@ -302,10 +303,7 @@ def race(rows: list[dict], task: str, size: int = 30) -> list[str]:
     """The race between the extractor and the actor in one run's training, a markdown row per block of `size`
     iterations: CISPO steps taken in it and before its end, the share of lessons written that name their
     instance's door (the vault), and the training gap with - without experience (success)."""
-    cispo = {}
-    for r in rows:
-        if "extractor/reward" in r:
-            cispo[r["step"] // size * size] = cispo.get(r["step"] // size * size, 0) + 1
+    cispo = collections.Counter(r["step"] // size * size for r in rows if "extractor/reward" in r)
     right = dict(zip(*blocks(rows, "lessons/right_written", size)))
     gap = dict(zip(*blocks([{**r, "gap": r[f"train/{task}/success_exp"] - r[f"train/{task}/success_noexp"]}
                             for r in rows if f"train/{task}/success_exp" in r], "gap", size)))

@@ -483,6 +483,17 @@ def text_parser(kind: type, optional: bool):
     return parse
 
 
+# options of closed studies, retired with their study (each study's runs/ script names the commit it rebuilds at):
+# a run that set one resumes only in a checkout of that commit
+RETIRED = {"distill_from": "exp", "merge_chunks": 0, "recent_moves": 0, "query_map": False, "lesson_sets": False}
+RETIRED_AFTER = "beda864"
+
+
+def retired_flags(saved: dict) -> str:
+    """The retired options a run's saved flags set away from their old defaults, as flags ('' when none)."""
+    return ", ".join("--" + k.replace("_", "-") for k, old in RETIRED.items() if saved.get(k, old) != old)
+
+
 def add_flags(p, cls):
     """One flag per field of `cls`, in a help section of its own (a field whose metadata names a `group`: in that
     group's section, after it); unset flags stay out of the namespace."""

@@ -18,7 +18,6 @@ import gc
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -39,7 +38,8 @@ import parallel
 import rundir
 from rundir import add_flags, flag_name, flat_fields
 from bank import ExperienceBank, ExperienceManager
-from crl import setting
+from prior import teach_lessons
+from settings import per_task, setting
 from embedder import Embedder
 from hf import PACKAGED, checkpoint_dir, load_tokenizer
 from model import Transformer
@@ -121,7 +121,7 @@ def check(p, args):
             p.error(f"{flag} must be a finite number (got {v})")
         if "per_task" in m:
             try:
-                crl.per_task(str(v), m["per_task"])
+                per_task(str(v), m["per_task"])
             except ValueError as err:
                 p.error(f"{flag}: {err}")
         if "choices" in m and v not in m["choices"]:
@@ -168,12 +168,6 @@ def parse_args(argv=None):
     return args
 
 
-# options of closed studies, retired with their study (each study's runs/ script names the commit it rebuilds at):
-# a run that set one resumes only in a checkout of that commit
-RETIRED = {"distill_from": "exp", "merge_chunks": 0, "recent_moves": 0, "query_map": False, "lesson_sets": False}
-RETIRED_AFTER = "beda864"
-
-
 def saved_flags(p, given: dict, defaults: dict) -> dict:
     """--resume: the run's flags from OUT/args.json; flags given again on the command line win over them."""
     path = os.path.join(given.get("out") or "", "args.json")
@@ -186,11 +180,9 @@ def saved_flags(p, given: dict, defaults: dict) -> dict:
         p.error(f"{err}: it holds the run's flags; restore it, or start a new run in another --out")
     if not isinstance(saved, dict):
         p.error(f"{path} is damaged (not a JSON object): it holds the run's flags; restore it, or start a new run")
-    used = [k for k, default in RETIRED.items() if saved.get(k, default) != default]
-    if used:
-        flags = ", ".join("--" + k.replace("_", "-") for k in used)
-        p.error(f"{path}: the run used {flags}, retired after {RETIRED_AFTER}; resume it in a checkout of that commit "
-                f"(git worktree add ../crl-old {RETIRED_AFTER})")
+    if used := rundir.retired_flags(saved):
+        p.error(f"{path}: the run used {used}, retired after {rundir.RETIRED_AFTER}; resume it in a checkout of "
+                f"that commit (git worktree add ../crl-old {rundir.RETIRED_AFTER})")
     saved = {k: v for k, v in saved.items() if k in defaults and k != "resume"}
     if "tasks" in saved:
         saved["tasks"] = ",".join(saved["tasks"])
@@ -240,49 +232,6 @@ def model_dtype(args, device) -> torch.dtype:
     return getattr(torch, args.dtype)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The tiny actor's lesson prior (--lesson-prior)
-
-def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, seed: int, batch: int = 32):
-    """The tiny actor's lesson-following prior: cross-entropy on the first move of a random lesson (a plan
-    of the task's action words, as --lesson-moves writes them) in prompts built exactly as rollouts build
-    them, over observations of random play. It teaches no task skill: the lesson is random, so the target
-    is unrelated to the game; half the prompts carry no lesson and a random move as the target, which keeps
-    the lesson-free policy near uniform (the init RL explores from)."""
-    rng, pool = random.Random(seed), envs.EnvPool(cfg.show_map, cfg.steps, list_actions=cfg.list_actions)
-    games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example
-    examples = []
-    for _ in range(batch * 32):
-        task = rng.choice(tasks)
-        examples.append(lesson_example(tok, cfg, games[task], task, rng))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    for _ in tqdm(range(steps), desc="lesson prior", unit="step", disable=crl.rank() != 0):
-        tokens, mask, _ = parallel.pad_segments(rng.sample(examples, batch), "cpu")
-        logits = model(tokens[:, :-1]).float()
-        loss = torch.nn.functional.cross_entropy(logits[mask[:, 1:]], tokens[:, 1:][mask[:, 1:]])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-
-def lesson_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) -> crl.Segment:
-    """An observation after a few random moves and, half the time, a random lesson in the system prompt with
-    its first move as the reply (the trained tokens); else no lesson and a random move."""
-    obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
-    for _ in range(rng.randrange(cfg.steps(task))):
-        obs, _, done, _ = env.step(rng.choice(env.actions))
-        if done:
-            obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
-    plan = [rng.choice(env.actions) for _ in range(rng.randint(1, max(1, cfg.lesson_moves)))]
-    lessons = [" ".join(plan)] if rng.random() < 0.5 else []
-    plan[0] = plan[0] if lessons else rng.choice(env.actions)
-    system, obs = crl.actor_opening(cfg, env, lessons, obs, False)
-    example = crl.Segment()
-    example.extend(crl.encode_chat(tok, crl.window_messages(system, [], obs, 0)))
-    example.extend(tok.encode(plan[0], add_special_tokens=False) + [tok.eos_token_id], mask=True)
-    return example
-
-
 def load_model(spec: str, seed: int, device, dtype, args, prior=None):
     """The model with its weights in --master-dtype, computing in `dtype`; with --fsdp only rank 0 reads the
     weights, and every rank receives its shard of them (see parallel.prepare). `prior(model, tok)` trains a
@@ -326,12 +275,11 @@ def build(args, device, dtype) -> tuple[crl.Run, int]:
              if args.lesson_prior else None)
     actor, actor_tok = load_model(os.path.join(ckpt, "actor") if ckpt else args.actor, args.seed, device, dtype,
                                   args, prior)
-    extractor = extractor_tok = manager = None
-    if cfg.uses_bank and args.extractor != "oracle":
+    extractor = extractor_tok = None
+    if cfg.uses_bank and args.extractor != "oracle":   # the oracle is a script (crl.oracle_lessons), no model
         extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if ckpt else args.extractor,
                                               args.seed + 1, device, dtype, args)
-    if cfg.uses_bank:
-        manager = build_manager(args, cfg, device, ckpt)
+    manager = build_manager(args, cfg, device, ckpt) if cfg.uses_bank else None
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=0.0) if cfg.trains_actor else None
     extractor_opt = (torch.optim.AdamW(extractor.parameters(), lr=cfg.extractor_lr, weight_decay=0.0)
                      if cfg.trains_extractor else None)

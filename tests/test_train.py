@@ -13,6 +13,7 @@ import torch
 
 import crl
 import parallel
+import prior
 import rundir
 import train
 from model import token_logprobs
@@ -533,7 +534,7 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
         return sum(move_probs(o, [a])[j] for o in obs for j, a in enumerate(env.actions)).item() / (4 * 8), obs
 
     before, _ = follow_rate()
-    train.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
+    prior.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
     after, obs = follow_rate()
     assert before < 0.2 and after > 0.3
     assert max(move_probs(o, []).max().item() for o in obs) < 0.5
@@ -774,6 +775,6 @@ def test_a_run_that_used_a_retired_option_resumes_only_at_its_commit(tmp_path, c
     (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "lesson_sets": True, "distill_from": "exp"}))
     with pytest.raises(SystemExit):
         train.parse_args(["--out", str(out), "--resume"])
-    assert f"the run used --lesson-sets, retired after {train.RETIRED_AFTER}" in capsys.readouterr().err
+    assert f"the run used --lesson-sets, retired after {rundir.RETIRED_AFTER}" in capsys.readouterr().err
     (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "lesson_sets": False, "distill_from": "exp"}))
     assert train.parse_args(["--out", str(out), "--resume"]).tasks == ["vault"]
