@@ -205,6 +205,9 @@ class CRLConfig:
     vault_reveal: bool = vault_study(False, "a lost vault episode ends by naming the door that would have opened, so "
                                             "every episode's transcript holds its vault's door (a lesson can follow a "
                                             "loss, not only a win)")
+    head_start: int = vault_study(0, "the extractor's head start: the actor is frozen for the first N iterations "
+                                     "(crl mode), so the extractor learns to write before the actor learns an order "
+                                     "of doors whose first door is a lesson that costs nothing (0: off)", min=0)
 
     def __post_init__(self):
         if isinstance(self.extractor_none, bool):   # runs written before it took a third value
@@ -1100,7 +1103,7 @@ def train_step(run, step: int) -> dict:
     if cfg.uses_bank:
         record_outcomes(run, eps)                                      # 3. bank usage, credit to generations
         distilling = distill_episodes(run, eps, step, extractor_rng)   # 4. lessons, while the actor trains
-    if cfg.trains_actor and trains:
+    if cfg.trains_actor and trains and step >= cfg.head_start:
         metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
     if distilling is not None:
         ops = distilling.result()

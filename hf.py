@@ -6,7 +6,7 @@ and the decoder's math in another:
     config.json in either dialect (transformers 5's rope_parameters, or the older rope_theta + rope_scaling)
     and refuses what the decoder would compute wrong; `to_hf` writes what transformers 5 opens as the same model.
   - `read_config`, `read_weights`, `write_checkpoint`: config.json and safetensors (one file or the shards an
-    index lists), our parameter names being HF's without the `model.` prefix (`hf_name`).
+    index lists), by HF's tensor names (model.py's `hf_parts` maps its parameters to them).
   - `checkpoint_dir`: a checkpoint's name -> its directory: a local directory, a Hugging Face name
     (`org/name[@revision]`) from the hub cache, or a `PACKAGED` name such as "smollm2" standing for the GGUF
     file an installed package ships, converted once into an HF directory in the user's cache (`convert_gguf`,
@@ -165,11 +165,6 @@ def _rope_from_hf(d: dict) -> tuple[float, dict | None]:
 # checkpoint directories: config.json and safetensors, read and written
 
 
-def hf_name(name: str) -> str:
-    """Our parameter names are HF's without the `model.` prefix (lm_head has none), so no rename table."""
-    return name if name.startswith("lm_head") else "model." + name
-
-
 def read_config(path: str) -> ModelConfig:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
@@ -180,9 +175,9 @@ def read_config(path: str) -> ModelConfig:
         return ModelConfig.from_hf(json.load(f))
 
 
-def read_weights(path: str, want: dict, config: ModelConfig, device, dtype) -> dict:
-    """Our state dict from the checkpoint's safetensors files: `want` maps each HF tensor name to our
-    parameter name; a tensor it does not name, or a name no file holds, is an error."""
+def read_weights(path: str, want: set, config: ModelConfig, device, dtype) -> dict:
+    """The tensors named in `want` (HF names) from the checkpoint's safetensors files, by name; a tensor it
+    does not name, or a name no file holds, is an error."""
     from safetensors import safe_open
     state = {}
     for fname in _weight_files(path):
@@ -190,11 +185,11 @@ def read_weights(path: str, want: dict, config: ModelConfig, device, dtype) -> d
             for key in f.keys():
                 if key in want:
                     t = f.get_tensor(key)
-                    state[want[key]] = t.to(dtype) if dtype is not None else t
+                    state[key] = t.to(dtype) if dtype is not None else t
                 elif not (key.endswith("rotary_emb.inv_freq") or key == "lm_head.weight"):
                     raise ValueError(f"unexpected tensor {key!r} in {fname} for {config.architecture}; "
                                      f"is config.json the one for these weights?")
-    missing = [k for k, n in want.items() if n not in state]
+    missing = sorted(k for k in want if k not in state)
     if missing:
         raise ValueError(f"weight {missing[0]!r} missing from the safetensors files in {path!r}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
@@ -217,9 +212,9 @@ def _weight_files(path: str) -> list[str]:
                             f"(only safetensors checkpoints are supported, not pytorch_model.bin)")
 
 
-def write_checkpoint(path: str, config: ModelConfig, dtype: torch.dtype, params: dict):
-    """config.json (with the weights' dtype) + model.safetensors from our parameters (`params`: our name ->
-    tensor); a tied lm_head is not written, as HF leaves it out."""
+def write_checkpoint(path: str, config: ModelConfig, dtype: torch.dtype, state: dict):
+    """config.json (with the weights' dtype) + model.safetensors from `state` (HF name -> tensor); a tied
+    lm_head is not written, as HF leaves it out."""
     from safetensors.torch import save_file
     os.makedirs(path, exist_ok=True)
     d = config.to_hf()
@@ -227,7 +222,7 @@ def write_checkpoint(path: str, config: ModelConfig, dtype: torch.dtype, params:
     d.pop("torch_dtype", None)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(d, f, indent=2)
-    state = {hf_name(n): t for n, t in params.items()}
+    state = dict(state)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

@@ -7,7 +7,9 @@ attention (the CPU path in bf16); `decode_attention_triton` runs one Triton prog
 once per group, and walks the row's valid cache in blocks with an online softmax and matrix-unit dot
 products (flash-decoding style, without the split across programs). `decode_attention` (imported by model.py) picks between them.
 """
+import functools
 import math
+
 import torch
 import torch.nn.functional as F
 
@@ -15,44 +17,67 @@ from kernels._triton import check_runnable, tl, triton
 
 
 def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                         rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
+                         span: "ReadSpan | None" = None) -> torch.Tensor:
     """q [B, Hq, D]; k_cache, v_cache [Bmax, Hkv, L, D]; rows [B] (cache row of each query);
-    lengths [B] (valid cache entries of that row, the new token's own k/v already written) -> [B, Hq, D]."""
+    lengths [B] (valid cache entries of that row, the new token's own k/v already written) -> [B, Hq, D].
+    `span`: the ReadSpan of rows and lengths, when the caller shares one between layers."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    n = int(lengths.max())
-    k = cache_rows(k_cache, rows, n).float()                 # [B, Hkv, n, D]
-    v = cache_rows(v_cache, rows, n).float()
+    span = span or ReadSpan(rows, lengths)
+    k = span.take(k_cache).float()                           # [B, Hkv, n, D]
+    v = span.take(v_cache).float()
     qg = q.float().view(B, Hkv, Hq // Hkv, D)                # query heads grouped by their kv head (GQA)
     s = (qg @ k.transpose(-1, -2)) * scale                   # [B, Hkv, G, n]
-    valid = torch.arange(n, device=q.device)[None, :] < lengths[:, None]
-    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    s = s.masked_fill(~span.valid[:, None, None, :], float("-inf"))
     return (s.softmax(-1) @ v).reshape(B, Hq, D).to(q.dtype)
 
 
 def decode_attention_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                          rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
+                          span: "ReadSpan | None" = None) -> torch.Tensor:
     """Same contract, through torch's fused attention on the cache in its own dtype (it accumulates in fp32):
     on CPU the reference's fp32 copy of a bf16 cache costs more than the attention. The query heads that share
     a kv head stand as that head's queries, so each cache block is read once per group."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
-    n = int(lengths.max())
-    valid = torch.arange(n, device=q.device)[None, :] < lengths[:, None]
-    o = F.scaled_dot_product_attention(q.view(B, Hkv, Hq // Hkv, D), cache_rows(k_cache, rows, n),
-                                       cache_rows(v_cache, rows, n), attn_mask=valid[:, None, None, :], scale=scale)
+    span = span or ReadSpan(rows, lengths)
+    o = F.scaled_dot_product_attention(q.view(B, Hkv, Hq // Hkv, D), span.take(k_cache), span.take(v_cache),
+                                       attn_mask=span.valid[:, None, None, :], scale=scale)
     return o.reshape(B, Hq, D)
 
 
-def cache_rows(cache: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
-    """cache[rows, :, :n]: a view where the rows are consecutive (a batch's usual case), else a copy of those
-    rows' first n positions. Indexing with a tensor and a slice at once takes a slow gather on CPU (a 25M
-    model's decode spent a fifth of its time there)."""
-    r0 = int(rows[0])
-    if torch.equal(rows, torch.arange(r0, r0 + len(rows), device=rows.device)):
-        return cache[r0:r0 + len(rows), :, :n]
-    return cache[:, :, :n].index_select(0, rows)
+class ReadSpan:
+    """What the torch paths read of a cache in one decode step: each of `rows`' first n positions (n the longest
+    row's length), of which position i of row b is valid while i < lengths[b]. Worked out on first use and then
+    shared by every layer of the step (the layers read the same rows: checking them in each of SmolLM2's 30
+    layers cost a device read and a comparison each)."""
+
+    def __init__(self, rows: torch.Tensor, lengths: torch.Tensor):
+        self.rows, self.lengths = rows, lengths
+
+    @functools.cached_property
+    def n(self) -> int:
+        return int(self.lengths.max())
+
+    @functools.cached_property
+    def first(self) -> int | None:
+        """The first row when the rows are consecutive (a batch's usual case), else None."""
+        r0 = int(self.rows[0])
+        return r0 if torch.equal(self.rows, torch.arange(r0, r0 + len(self.rows), device=self.rows.device)) else None
+
+    @functools.cached_property
+    def valid(self) -> torch.Tensor:
+        return torch.arange(self.n, device=self.rows.device)[None, :] < self.lengths[:, None]
+
+    def take(self, cache: torch.Tensor) -> torch.Tensor:
+        """cache[rows, :, :n]: a view where the rows are consecutive, else a copy of those rows' first n
+        positions. Indexing with a tensor and a slice at once takes a slow gather on CPU (a 25M model's decode
+        spent a fifth of its time there)."""
+        if self.first is not None:
+            return cache[self.first:self.first + len(self.rows), :, :self.n]
+        return cache[:, :, :self.n].index_select(0, self.rows)
 
 
 if triton is not None:  # the Triton half; absent where Triton is not installed
@@ -134,7 +159,7 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         return out
 
 
-def decode_attention(q, k_cache, v_cache, rows, lengths, scale=None):
+def decode_attention(q, k_cache, v_cache, rows, lengths, scale=None, span=None):
     """Triton on CUDA (where installed) when no gradient is needed (the kernel has no backward; decoding never
     needs one); otherwise the torch reference in fp32 (the same numbers as ever) and torch's fused attention in
     a narrower dtype (the reference's fp32 copy of the cache was half of a bf16 SmolLM2 decode step on CPU)."""
@@ -142,5 +167,5 @@ def decode_attention(q, k_cache, v_cache, rows, lengths, scale=None):
     if q.is_cuda and triton is not None and not needs_grad:
         return decode_attention_triton(q, k_cache, v_cache, rows, lengths, scale)
     if q.dtype != torch.float32:
-        return decode_attention_sdpa(q, k_cache, v_cache, rows, lengths, scale)
-    return decode_attention_ref(q, k_cache, v_cache, rows, lengths, scale)
+        return decode_attention_sdpa(q, k_cache, v_cache, rows, lengths, scale, span)
+    return decode_attention_ref(q, k_cache, v_cache, rows, lengths, scale, span)

@@ -33,4 +33,10 @@ if [ "$PART" != grid ]; then
     pilot reveal
     pilot reveal-search1 --bank-search-batch 1
     pilot reveal-search1-lr1e-5 --bank-search-batch 1 --extractor-lr 1e-5   # reveal-search1's extractor collapsed
+    # ... onto the first door of the actor's learned order (a wrong lesson naming it costs nothing): the extractor
+    # alone, the actor frozen, shows when lessons turn right, which chooses the head start
+    pilot reveal-search1-exp-only --bank-search-batch 1 --mode exp-only
+    # it collapsed onto `east` (seed 1's exp-only cell in results/vault-clean did too): a second seed, with the actor
+    # frozen for 90 iterations and then trained (a head start; 90 a guess, seed 1 gave no T)
+    pilot reveal-search1-head90-seed0 --bank-search-batch 1 --head-start 90 --seed 0
 fi

@@ -111,6 +111,29 @@ def test_session_cache_grows_and_keeps_its_history(pair):
     assert s.k.shape[3] == 1024 and s.length(0) == 600 and s.length(1) == 75
 
 
+def test_the_cache_is_read_only_where_written_or_zeroed(pair, monkeypatch):
+    """The cache grows uninitialised: a session whose fresh memory is NaN (what torch.empty may hold) samples
+    what one whose fresh memory is zero samples, through ragged rows (a decode step reads every row up to the
+    longest), masked prefills of rows with history, and a doubling of the cache."""
+    _, ours = pair
+    empty = torch.empty
+
+    def run(fill):
+        monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(fill))
+        sess = Session(ours, max_batch=3, max_len=1200)
+        out = []
+        for turn, lengths in enumerate([(130, 3, 40), (5, 150, 2), (1, 2, 300)]):
+            prompts = _prompts(3, 1, 2, 89, seed=20 + turn)   # lengths set below; ids drawn here
+            prompts = [(p * n)[:n] for p, n in zip(prompts, lengths)]
+            out += generate(ours, prompts, 8, temperature=1.0, seed=turn, session=sess, rows=[2, 0, 1])
+        monkeypatch.setattr(torch, "empty", empty)
+        return [(s.tokens, s.logprobs) for s in out], sess.k.shape[3]
+
+    zeros, size = run(0.0)
+    assert run(float("nan")) == (zeros, size) and size == 512
+    assert not any(math.isnan(lp) for _, lps in zeros for lp in lps)
+
+
 def test_prefill_of_fresh_and_mixed_rows_matches_forward(pair):
     """A prefill where every row starts empty takes the unmasked causal path, one where some row has history
     the masked path; both give each row the logits of a plain forward of its whole history."""
@@ -267,11 +290,11 @@ def test_token_logprobs_grad_and_chunking(tiny):
     # gradients equal those of the plain formula, and with checkpointed chunks
     tiny.zero_grad()
     (plain * m).sum().backward()
-    g1 = tiny.layers[0].self_attn.q_proj.weight.grad.clone()
+    g1 = tiny.layers[0].self_attn.qkv_proj.weight.grad.clone()
     tiny.zero_grad()
     lf = torch.log_softmax(tiny(toks).float(), -1)[:, :-1].gather(-1, toks[:, 1:, None])[..., 0]
     lf[m[:, 1:]].sum().backward()
-    g2 = tiny.layers[0].self_attn.q_proj.weight.grad.clone()
+    g2 = tiny.layers[0].self_attn.qkv_proj.weight.grad.clone()
     tiny.zero_grad()
     assert torch.allclose(g1, g2, atol=1e-5, rtol=1e-4) and g1.abs().sum() > 0
 
@@ -406,8 +429,10 @@ def graph_vs_eager(model, tol=1e-4):
             assert np.allclose(x.logprobs, y.logprobs, atol=tol), f"turn {t}"
     assert graph.k.shape[3] > 256 and graph.k.shape[1] == 21 and eager.k.shape[1] == 20
     assert torch.equal(graph.lengths[:20], eager.lengths) and graph.lengths[20] == 0
+    assert graph.clean == eager.clean   # beyond it, positions never reserved: uninitialised memory
     for cg, ce in ((graph.k, eager.k), (graph.v, eager.v)):
-        torch.testing.assert_close(cg[:, :20].float(), ce.float(), rtol=0, atol=tol * 10)
+        torch.testing.assert_close(cg[:, :20, :, :eager.clean].float(), ce[..., :eager.clean, :].float(), rtol=0,
+                                   atol=tol * 10)
     return graph, calls["decode"], calls["capture"]
 
 

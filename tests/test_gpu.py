@@ -283,7 +283,7 @@ def test_token_logprobs_equals_plain_recomputation_on_cuda(ckpt, dtype, atol):
     torch.testing.assert_close(lp[:, 1:][m], plain[m], rtol=0, atol=atol)
     assert (lp[~mask] == 0).all()
     if dtype == torch.float32:
-        w = ours.layers[0].self_attn.q_proj.weight
+        w = ours.layers[0].self_attn.qkv_proj.weight
         (g1,) = torch.autograd.grad(lp.sum(), w)
         (g2,) = torch.autograd.grad(plain[m].sum(), w)
         torch.testing.assert_close(g1, g2, rtol=1e-3, atol=1e-5)

@@ -237,9 +237,11 @@ def test_decode_attention_cpu_paths(dtype, rows):
     for i, (r, n) in enumerate(zip(rows.tolist(), lengths.tolist())):   # the spec, one row at a time
         kk, vv = (t[r, :, :n].float().repeat_interleave(2, dim=0) for t in (k, v))
         close(got[i], F.scaled_dot_product_attention(q[i].float()[:, None], kk, vv)[:, 0].to(dtype), dtype)
-    view = da.cache_rows(k, rows, 7)
+    span = da.ReadSpan(rows, torch.tensor([1, 7, 3]))
+    view = span.take(k)
     assert torch.equal(view, k[rows, :, :7])
     assert (view.data_ptr() == k[1].data_ptr()) == (rows.tolist() == [1, 2, 3])   # consecutive rows: no copy
+    assert torch.equal(da.decode_attention(q, k, v, rows, lengths, span=da.ReadSpan(rows, lengths)), got)
 
 
 # ---------------------------------------------------------------- selective log-softmax

@@ -10,7 +10,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
                           Qwen3Config, Qwen3ForCausalLM)
 from transformers.utils import logging as hf_logging
 
-from model import ByteTokenizer, ModelConfig, Transformer, load_tokenizer, rope_inv_freq
+from model import ByteTokenizer, Fused, ModelConfig, Transformer, hf_parts, load_tokenizer, rope_inv_freq
 from small.tiny import tiny_model
 
 hf_logging.set_verbosity_error()
@@ -60,6 +60,26 @@ def test_logits_match_transformers(tmp_path, kind, tied):
         out = ours(x)
     assert out.shape == ref.shape
     assert (out - ref).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["qwen3-bias", "qwen2", "llama3"])
+def test_fused_projections_train_as_transformers_separate_ones(tmp_path, kind):
+    """q/k/v and gate/up run as one matrix product each: the gradient of every HF tensor (q_proj, k_proj, v_proj,
+    gate_proj, up_proj, weights and biases) is the slice of our fused parameter's gradient that holds it."""
+    hf = _randomise(_hf(kind, False))
+    hf.save_pretrained(tmp_path)
+    ours = Transformer.from_pretrained(tmp_path)
+    x = torch.randint(0, COMMON["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(2))
+    w = torch.randn(2, 40, COMMON["vocab_size"], generator=torch.Generator().manual_seed(3))
+    (hf(x).logits * w).sum().backward()
+    (ours(x) * w).sum().backward()
+    theirs = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        module = ours.get_submodule(name.rpartition(".")[0])
+        grads = p.grad.split(module.sizes) if isinstance(module, Fused) else [p.grad]
+        for part, g in zip(hf_parts(name), grads, strict=True):
+            torch.testing.assert_close(g, theirs[part].grad, rtol=1e-4, atol=1e-5, msg=part)
+    assert {h for n, _ in ours.named_parameters() for h in hf_parts(n)} == set(theirs)
 
 
 def test_llama3_rope_scaling_is_applied():
@@ -116,7 +136,7 @@ def test_tiny_is_a_valid_qwen3_checkpoint(tmp_path):
     tok = ByteTokenizer()
     assert m.config.vocab_size == len(tok) and m.config.eos_token_ids == [tok.eos_token_id]
     assert 0.5e6 < m.num_params() < 2e6
-    w = m.layers[0].mlp.up_proj.weight.detach()
+    w = m.layers[0].mlp.gate_up_proj.weight.detach()
     assert abs(float(w.std()) - 128 ** -0.5) < 0.005 and abs(float(w.mean())) < 0.005
     x = torch.tensor([tok.encode("stairs down (>): 1 south<|im_end|>\n<|im_start|>assistant\n")])
     with torch.no_grad():  # the near-zero head: the first policy is near uniform over any allowed tokens

@@ -150,6 +150,16 @@ def test_each_mode_trains_what_it_should(tmp_path, mode):
     assert any("extractor/generations" in r for r in rows) == (mode != "static")
 
 
+def test_a_head_start_is_exp_only_until_the_actor_starts(tmp_path):
+    """--head-start 2: the first two iterations are an exp-only run's, value for value (the actor frozen, the
+    extractor trained on the same draws); from the third the actor trains."""
+    head = train.main([*STEPPING, "--mode", "crl", "--head-start", "2", "--iters", "3", "--out", str(tmp_path / "h")])
+    train.main([*STEPPING, "--mode", "exp-only", "--iters", "2", "--out", str(tmp_path / "e")])
+    rows, frozen = read_metrics(str(tmp_path / "h")), read_metrics(str(tmp_path / "e"))
+    assert [strip_times(r) for r in rows[:2]] == [strip_times(r) for r in frozen]
+    assert "actor/trained_seqs" in rows[2] and moved(head.actor, 0)
+
+
 def test_the_actor_waits_out_the_warm_up(tmp_path):
     run = train.main([*STEPPING, "--mode", "crl", "--warmup", "2", "--iters", "2", "--out", str(tmp_path / "w")])
     assert not moved(run.actor, 0)
