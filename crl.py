@@ -60,7 +60,9 @@ Options ours alone, off by default, that make the vault a clean control of co-ev
 (episode_lift); `--instance-visits K` plays fresh instances K iterations each (visiting_instance);
 `--bank-min-cosine` serves only near lessons; `--extractor-none failure` lets only a lost episode yield no lesson;
 `--vault-reveal` ends a lost vault by naming its door, so every episode can teach (results/vault-reveal);
-`--extractor oracle` (static mode) writes the door each transcript shows, the ceiling of what lessons can give.
+`--extractor oracle` (static mode) writes the door each transcript shows, the ceiling of what lessons can give;
+`--head-start N` freezes the actor for N iterations, so the extractor learns before the actor's habit makes a
+lesson naming its first door cost nothing (results/vault-reveal/pilot).
 The vault's held-out instances have balanced doors and names training never draws (envs.held_out_seeds), and the
 attempts evaluation writes into a bank that starts empty: both so that it measures the lesson, not the lottery of
 which doors an actor happens to play or a lesson left over from training.

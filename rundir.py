@@ -359,10 +359,14 @@ def load_trainer_state(run, ckpt: str) -> int:
     """Optimizers and the extractor's generations from a checkpoint; returns the next step. A learning
     rate given again with --resume replaces the restored one (AdamW keeps its own copy in its param groups)."""
     state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=True)
-    if run.actor_opt and state["actor_opt"]:
-        run.actor_opt.load_state_dict(state["actor_opt"])
-    if run.extractor_opt and state["extractor_opt"]:
-        run.extractor_opt.load_state_dict(state["extractor_opt"])
+    for name, opt in (("actor", run.actor_opt), ("extractor", run.extractor_opt)):
+        saved = state[f"{name}_opt"]
+        if opt and saved:
+            if len(saved["param_groups"][0]["params"]) != len(opt.param_groups[0]["params"]):
+                sys.exit(f"error: --resume: the checkpoint's {name} optimizer holds q/k/v and gate/up apart, as "
+                         f"the code up to {FUSED_AFTER} did: resume it at {FUSED_AFTER} (git checkout "
+                         f"{FUSED_AFTER})")
+            opt.load_state_dict(saved)
     ranks = state.get("ranks") or [{"generations": state["generations"],      # a checkpoint from before
                                     "generations_made": state["gen_counter"]}]  # per-rank generations
     if len(ranks) != crl.world():
@@ -487,6 +491,7 @@ def text_parser(kind: type, optional: bool):
 # a run that set one resumes only in a checkout of that commit
 RETIRED = {"distill_from": "exp", "merge_chunks": 0, "recent_moves": 0, "query_map": False, "lesson_sets": False}
 RETIRED_AFTER = "beda864"
+FUSED_AFTER = "cfe6db7"   # the last commit whose optimizers hold HF's separate projections (model.Fused)
 
 
 def retired_flags(saved: dict) -> str:

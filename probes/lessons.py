@@ -32,12 +32,17 @@ def final_bank(run: str) -> dict[str, list[list]]:
     return ExperienceBank.load(os.path.join(run, "ckpt", "bank")).lessons()
 
 
+def snapshots(run: str) -> bool:
+    """Whether RUN/bank.jsonl holds snapshots: a run that never evaluated (--eval-every 0) leaves it empty."""
+    path = os.path.join(run, "bank.jsonl")
+    return os.path.exists(path) and os.path.getsize(path) > 0
+
+
 def history(run: str, final: dict) -> list[tuple[int, dict]]:
     """[(step, {task: rows})]: the snapshots of RUN/bank.jsonl, else the final bank's entries alive at each
     tenth of the run (by the step they were written: lessons removed on the way are not seen)."""
-    path = os.path.join(run, "bank.jsonl")
-    if os.path.exists(path):
-        return [(s["step"], s["bank"]) for s in map(json.loads, open(path))]
+    if snapshots(run):
+        return [(s["step"], s["bank"]) for s in map(json.loads, open(os.path.join(run, "bank.jsonl")))]
     last = max((r[3] for rows in final.values() for r in rows), default=0)
     steps = sorted({round(last * i / 10) for i in range(1, 11)})
     return [(s, {t: [r for r in rows if r[3] <= s] for t, rows in final.items()}) for s in steps]
@@ -53,7 +58,7 @@ def show(run: str, top: int) -> dict:
             rate = f"{t['successes'] / t['uses']:.2f}" if t["uses"] else "-"
             steps = f"{min(t['written'])}-{max(t['written'])}"
             print(f"  {t['entries']:>7} {t['uses']:>6} {rate:>7}  {steps:>15}  {text[:100]!r}")
-        source = "bank.jsonl" if os.path.exists(os.path.join(run, "bank.jsonl")) else "the final bank, by step written"
+        source = "bank.jsonl" if snapshots(run) else "the final bank, by step written"
         print(f"  over the run ({source}):")
         for step, bank in snaps:
             rows = bank.get(task, [])

@@ -8,7 +8,7 @@
 # every transcript holds its vault's door).
 # Usage, from anywhere: bash runs/vault-reveal.sh [ROOT] [JOBS] [PART]   writes ROOT/vault-reveal/ (default ROOT:
 # runs/rebuild; JOBS grid cells side by side, default 1: a GPU takes 10, the 2-core CPU 1; PART: grid, pilot or
-# both, the default). The committed grid ran on one H100, the pilot on the 2-core Xeon (each folder's ran-on.txt).
+# both, the default). The committed grid ran on one H100, the pilot on the 2-core EPYC (each folder's ran-on.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
@@ -39,4 +39,9 @@ if [ "$PART" != grid ]; then
     # it collapsed onto `east` (seed 1's exp-only cell in results/vault-clean did too): a second seed, with the actor
     # frozen for 90 iterations and then trained (a head start; 90 a guess, seed 1 gave no T)
     pilot reveal-search1-head90-seed0 --bank-search-batch 1 --head-start 90 --seed 0
+    # under the reveal the frozen-actor extractor stayed at chance on both seeds; on the clean vault (no reveal, a
+    # loss may yield no lesson) results/vault-clean's exp-only seed 0 learned by iteration 150: that design with the
+    # actor frozen for those 150 iterations, then 60 of crl (does the co-evolution hold once the actor trains?)
+    pilot clean-head150-seed0 --no-vault-reveal --extractor-none failure --head-start 150 --seed 0 --iters 210
+    pilot clean-head150-seed4 --no-vault-reveal --extractor-none failure --head-start 150 --seed 4 --iters 180
 fi

@@ -189,6 +189,18 @@ def test_resume_applies_a_changed_learning_rate(run_dir, capsys):
     assert "--lr 0.0123 replaces the checkpoint's" in capsys.readouterr().err
 
 
+def test_an_optimizer_saved_before_the_fused_projections_is_refused_in_one_line(run_dir):
+    """A checkpoint written before q/k/v and gate/up were fused holds more optimizer entries than the model has
+    parameters: resuming says which commit to resume at (load_state_dict would raise a traceback)."""
+    path = os.path.join(run_dir, "ckpt", "state.pt")
+    state = torch.load(path, weights_only=True)
+    for opt in ("actor_opt", "extractor_opt"):   # a parameter more, as q, k, v for qkv
+        state[opt]["param_groups"][0]["params"].append(len(state[opt]["param_groups"][0]["params"]))
+    torch.save(state, path)
+    with pytest.raises(SystemExit, match=f"resume it at {rundir.FUSED_AFTER}"):
+        resume(run_dir, "--iters", "3")
+
+
 # 6. -------------------------------------------------------------------------------------------------------
 def test_a_run_without_a_checkpoint_resumes_from_step_0(tmp_path, capsys):
     out = str(tmp_path / "typo")

@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import re
 import threading
 from types import SimpleNamespace
@@ -82,6 +83,17 @@ def test_lessons_viewer_counts_the_bank(run_dir, capsys):
     snaps = [json.loads(line) for line in open(os.path.join(run_dir, "bank.jsonl"))]
     assert [s["step"] for s in snaps] == [0, 1] and "(bank.jsonl)" in out
     assert os.path.exists(os.path.join(run_dir, "lessons.png"))
+
+
+def test_lessons_viewer_reads_the_final_bank_where_the_run_never_evaluated(run_dir, tmp_path, capsys):
+    """--eval-every 0 leaves bank.jsonl empty: the history then comes from the final bank, by step written."""
+    out = str(tmp_path / "run")
+    shutil.copytree(run_dir, out)
+    open(os.path.join(out, "bank.jsonl"), "w").close()
+    final = lessons.show(out, top=50)
+    snaps = lessons.history(out, final)
+    assert snaps and sum(len(rows) for rows in snaps[-1][1].values()) == sum(map(len, final.values()))
+    assert "(the final bank, by step written)" in capsys.readouterr().out
 
 
 def test_judge_probe(capsys):
