@@ -82,7 +82,8 @@ import envs
 import parallel
 from bank import BankConfig, Operation
 from hf import encode_chat, next_turn_tokens
-from model import Sampling, Session, generate
+from model import Session, generate
+from sampling import Sampling
 from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
                       world)
 from settings import batching, per_task, probe, setting, small_models, vault_study

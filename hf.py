@@ -6,7 +6,7 @@ and the decoder's math in another:
     config.json in either dialect (transformers 5's rope_parameters, or the older rope_theta + rope_scaling)
     and refuses what the decoder would compute wrong; `to_hf` writes what transformers 5 opens as the same model.
   - `read_config`, `read_weights`, `write_checkpoint`: config.json and safetensors (one file or the shards an
-    index lists), by HF's tensor names (model.py's `hf_parts` maps its parameters to them).
+    index lists), by HF's tensor names (`hf_parts` maps the decoder's parameters to them).
   - `checkpoint_dir`: a checkpoint's name -> its directory: a local directory, a Hugging Face name
     (`org/name[@revision]`) from the hub cache, or a `PACKAGED` name such as "smollm2" standing for the GGUF
     file an installed package ships, converted once into an HF directory in the user's cache (`convert_gguf`,
@@ -163,6 +163,20 @@ def _rope_from_hf(d: dict) -> tuple[float, dict | None]:
 
 # -----------------------------------------------------------------------------------------------------------
 # checkpoint directories: config.json and safetensors, read and written
+
+
+# our fused parameters (model.Fused) -> the HF tensors each one stacks on dim 0, in order
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def hf_parts(name: str) -> list[str]:
+    """The HF tensors the decoder's parameter `name` holds, stacked on dim 0 in this order: HF's own name
+    without the `model.` prefix (lm_head has none), but a fused projection's hold several (FUSED). So
+    checkpoints on disk keep HF's layout while each layer runs two matrix products where HF runs five."""
+    module, _, leaf = name.rpartition(".")
+    parent, _, proj = module.rpartition(".")
+    parts = [f"{parent}.{p}.{leaf}" for p in FUSED[proj]] if proj in FUSED else [name]
+    return [p if p.startswith("lm_head") else "model." + p for p in parts]
 
 
 def read_config(path: str) -> ModelConfig:

@@ -12,10 +12,11 @@ Around the decoder:
   - constraints (small/grammar.py): a row's reply may be masked to allowed completions; the ids each step
     allowed are recorded here, and tokens a constraint forces are appended without a sampling step.
   - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
-    top-p and constraint masks), chunked over the vocabulary projection.
+    top-p and constraint masks), chunked over the vocabulary projection. What both mean by "the distribution
+    sampled from" is defined once, in sampling.py.
 The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from kernels/, which
 runs Triton on CUDA (where Triton is installed) and plain torch elsewhere. crl.py (rollouts, losses) and
-hf.py (the decoder embedder) are the callers.
+embedder.py (the decoder embedder) are the callers.
 """
 import math
 from dataclasses import dataclass
@@ -26,10 +27,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from cudagraphs import DecodeGraphs, default_on
-from hf import ModelConfig, checkpoint_dir, read_config, read_weights, write_checkpoint
+from hf import ModelConfig, checkpoint_dir, hf_parts, read_config, read_weights, write_checkpoint
 from hf import PACKAGED, ByteTokenizer, load_tokenizer  # noqa: F401  (re-exported: callers import them from here)
 from kernels import apply_rope, decode_attention, rmsnorm, selective_log_softmax
 from kernels.decode_attention import ReadSpan
+from sampling import Sampling, allow_mask, draw
 
 # -----------------------------------------------------------------------------------------------------------
 # the decoder
@@ -109,7 +111,7 @@ class _CacheStep:
 
 class Fused(nn.Linear):
     """HF's projections of one input (q, k, v; gate, up) as one matrix product, their outputs split after it:
-    `sizes` are their widths, in order (see hf_parts). With it SmolLM2's bf16 decode on a CPU went from 1.97x
+    `sizes` are their widths, in order (hf.hf_parts). With it SmolLM2's bf16 decode on a CPU went from 1.97x
     to 2.21x transformers' (results/cpu-speed/ab-2026-11-28.txt)."""
 
     def __init__(self, d_in: int, sizes: list[int], bias: bool):
@@ -277,7 +279,10 @@ class Transformer(nn.Module):
         ours = [n for n, _ in model.named_parameters(remove_duplicate=False)
                 if not (config.tie_word_embeddings and n == "lm_head.weight")]
         weights = read_weights(path, {h for n in ours for h in hf_parts(n)}, config, device, dtype)
-        state = {n: torch.cat([weights.pop(h) for h in hf_parts(n)]) for n in ours}   # fused ones stacked
+        state = {}
+        for n in ours:   # a fused parameter stacks its HF tensors; any other is taken as read, not copied
+            parts = [weights.pop(h) for h in hf_parts(n)]
+            state[n] = torch.cat(parts) if len(parts) > 1 else parts[0]
         model.load_state_dict(state, strict=False, assign=True)
         if config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
@@ -294,104 +299,6 @@ class Transformer(nn.Module):
         write_checkpoint(path, self.config, self.dtype, state)
 
 
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-def hf_parts(name: str) -> list[str]:
-    """The HF tensors our parameter `name` holds, stacked on dim 0 in this order: HF's own name without the
-    `model.` prefix (lm_head has none), but a Fused projection's hold several (FUSED). So checkpoints on disk
-    keep HF's layout while each layer runs two matrix products where HF runs five."""
-    module, _, leaf = name.rpartition(".")
-    parent, _, proj = module.rpartition(".")
-    parts = [f"{parent}.{p}.{leaf}" for p in FUSED[proj]] if proj in FUSED else [name]
-    return [p if p.startswith("lm_head") else "model." + p for p in parts]
-
-
-# -----------------------------------------------------------------------------------------------------------
-# sampling: the one definition of "the distribution sampled from", shared by generate and token_logprobs
-
-
-def filter_logits(z: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                  allow: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 logits [N, V] -> the logits of the distribution sampled from: constraint mask (`allow` [N, V]
-    bool), then temperature, then top-k (ties with the k-th value kept), then top-p (the smallest set of most
-    likely tokens whose mass reaches top_p). Dropped tokens become -inf. temperature 0 (greedy) applies only
-    the mask: its log-probs are those of the temperature-1 masked distribution. `keep` [N] (token_logprobs'
-    targets) is never dropped by top-k/top-p, so an off-policy token gets a finite log-prob; on-policy
-    tokens are in the kept set anyway, so this changes nothing there."""
-    z = z.float()
-    if allow is not None:
-        z = z.masked_fill(~allow, float("-inf"))
-    if temperature == 0:
-        return z
-    if temperature != 1:
-        z = z / temperature
-    if (0 < top_k < z.shape[-1]) or top_p < 1:
-        z = z.masked_fill(_truncated(z, top_k, top_p, keep), float("-inf"))
-    return z
-
-
-@torch.no_grad()
-def _truncated(z: torch.Tensor, top_k: int, top_p: float, keep: torch.Tensor | None) -> torch.Tensor:
-    """[N, V] bool: the tokens top-k and then top-p drop from the tempered logits z, never those in `keep`."""
-    drop = torch.zeros_like(z, dtype=torch.bool)
-    if 0 < top_k < z.shape[-1]:
-        drop |= z < torch.topk(z, top_k, dim=-1).values[:, -1:]
-    if top_p < 1:
-        p = torch.softmax(z.masked_fill(drop, float("-inf")), dim=-1)
-        sp, si = torch.sort(p, dim=-1, descending=True)
-        before = sp.cumsum(-1) - sp  # mass of the more likely tokens
-        drop |= torch.zeros_like(drop).scatter(-1, si, before >= top_p)
-    if keep is not None:
-        drop[torch.arange(len(keep), device=z.device), keep] = False
-    return drop
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """The sampler's settings, checked once: generate draws under them, token_logprobs recomputes under them."""
-    temperature: float = 1.0          # 0 = greedy
-    top_k: int = 0                    # 0 = off
-    top_p: float = 1.0                # 1 = off
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-
-    def filter(self, z, allow=None, keep=None) -> torch.Tensor:
-        return filter_logits(z, self.temperature, self.top_k, self.top_p, allow, keep)
-
-
-def _allow_mask(n: int, V: int, entries: list[tuple[int, list[int]]], device) -> torch.Tensor | None:
-    """[n, V] bool: rows listed in `entries` may only use their ids; the other rows are unrestricted."""
-    if not entries:
-        return None
-    m = torch.ones(n, V, dtype=torch.bool, device=device)
-    r = torch.tensor([i for i, _ in entries], device=device)
-    m[r] = False
-    rr = torch.tensor([i for i, ids in entries for _ in ids], device=device, dtype=torch.long)
-    cc = torch.tensor([t for _, ids in entries for t in ids], device=device, dtype=torch.long)
-    m[rr, cc] = True
-    return m
-
-
-def _draw(z: torch.Tensor, greedy: bool, generator=None):
-    """One token per row from filtered logits z [B, V] -> (tokens [B], their log-probs [B]). Sampling is by
-    inverse CDF: one uniform number per row against the cumulative probabilities, far cheaper on CPU than
-    torch.multinomial or Gumbel noise over the whole vocabulary."""
-    logp = torch.log_softmax(z, dim=-1)
-    if greedy:
-        tok = z.argmax(-1)
-    else:
-        cdf = logp.exp().cumsum(-1)
-        u = torch.rand(z.shape[0], 1, device=z.device, generator=generator) * cdf[:, -1:]
-        tok = torch.searchsorted(cdf, u, right=True)[:, 0]
-        tok = torch.minimum(tok, cdf.argmax(-1))  # rounding at the top end: last token with nonzero mass
-    return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
 @dataclass
@@ -643,8 +550,8 @@ def _sample_next(logits: torch.Tensor, replies: list[_Reply], sampling: Sampling
     (tokens, their log-probs, the allowed ids or None), one list entry per reply."""
     allowed = [r.choices() for r in replies]
     entries = [(j, ids) for j, ids in enumerate(allowed) if ids is not None]
-    z = sampling.filter(logits, _allow_mask(len(replies), logits.shape[-1], entries, logits.device))
-    tokens, logprobs = _draw(z, sampling.temperature == 0, generator)
+    z = sampling.filter(logits, allow_mask(len(replies), logits.shape[-1], entries, logits.device))
+    tokens, logprobs = draw(z, sampling.temperature == 0, generator)
     return tokens.tolist(), logprobs.tolist(), allowed
 
 
@@ -725,7 +632,7 @@ def _target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_s
     parts = []
     for s in range(0, len(targets), chunk_size):
         e = min(s + chunk_size, len(targets))
-        allow = _allow_mask(e - s, V, [(k - s, ids) for k, ids in where.items() if s <= k < e], h.device)
+        allow = allow_mask(e - s, V, [(k - s, ids) for k, ids in where.items() if s <= k < e], h.device)
         if torch.is_grad_enabled() and h.requires_grad:
             parts.append(checkpoint(chunk_lp, h[s:e], targets[s:e], allow, use_reentrant=False))
         else:

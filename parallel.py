@@ -41,7 +41,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from model import Sampling, Transformer, rope_inv_freq, token_logprobs
+from model import Transformer, rope_inv_freq, token_logprobs
+from sampling import Sampling
 
 
 def is_sharded(model) -> bool:

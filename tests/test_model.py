@@ -10,7 +10,8 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
                           Qwen3Config, Qwen3ForCausalLM)
 from transformers.utils import logging as hf_logging
 
-from model import ByteTokenizer, Fused, ModelConfig, Transformer, hf_parts, load_tokenizer, rope_inv_freq
+from hf import hf_parts
+from model import ByteTokenizer, Fused, ModelConfig, Transformer, load_tokenizer, rope_inv_freq
 from small.tiny import tiny_model
 
 hf_logging.set_verbosity_error()
