@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Rebuilds results/vault-head/: issue 56's comparison on the design the pilot chose (results/vault-reveal/pilot):
+# the clean vault of results/vault-clean (no reveal: a lost episode may yield no lesson) with crl's extractor given a
+# head start, the actor frozen for its first 150 of 300 iterations (pilot seeds 0 and 4: lessons right 0.97 / 0.56
+# at iterations 90-120, 1.00 / 0.95 at 120-150, chosen on training metrics alone). Scored on the held-out vaults
+# with balanced doors and names training never draws, 3 attempts each from an empty bank.
+# The ceiling first in each seed (oracle: static with the scripted extractor, every lesson right), then grpo, crl
+# (with --head-start 150; the table's `crl` row), static, exp-only; crl, grpo and static x 8 seeds, oracle and
+# exp-only x 5. Seeds outermost, so every mode gets its first seed early; finished cells are skipped, a cell with a
+# checkpoint resumes, so the grid accumulates across sittings.
+# Usage, from anywhere: bash runs/vault-head.sh [ROOT] [JOBS]   writes ROOT/vault-head/ (default ROOT: runs/rebuild;
+# ROOT `results` resumes the committed record; JOBS cells side by side, default 1: the 2-core CPU 1, a GPU about 10).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${1:-runs/rebuild}
+JOBS=${2:-1}
+OUT=$ROOT/vault-head
+FLAGS="--actor smollm2 --extractor smollm2 --instance-visits 4 --groups 4 --bank-min-cosine 0.999
+       --extractor-none failure --credit lift --merge-every 0 --extractor-lr 3e-5 --final-attempts 3"
+
+grid() {   # MODES SEEDS [TRAIN FLAGS...]: those modes' seeds 0..SEEDS-1, through reproduce.py
+    local modes=$1 seeds=$2; shift 2
+    python reproduce.py --tasks vault --results "$OUT" --modes "$modes" --seeds "$seeds" --iters ${ITERS:-300} \
+        --final-episodes ${FINAL:-256} --jobs "$JOBS" -- $FLAGS "$@"
+}
+# one cell at a time: seed by seed; side by side: each mode's seeds together, so JOBS of them run at once
+[ "$JOBS" -gt 1 ] && SEEDS=8 || SEEDS="1 2 3 4 5 6 7 8"
+for k in $SEEDS; do
+    grid oracle $((k < 5 ? k : 5))
+    grid grpo $k
+    grid crl $k --head-start 150
+    grid static $k
+    grid exp-only $((k < 5 ? k : 5))
+done
