@@ -126,6 +126,7 @@ def _hf_model(path, dtype=torch.float32):
 
 def bench_generate(a):
     from model import Session, Transformer, generate
+    from sampling import Sampling
     path = _checkpoint(a.ckpt, a.shape)
     dtype = getattr(torch, a.dtype)
     ours, hf = Transformer.from_pretrained(path, dtype=dtype), _hf_model(path, dtype)
@@ -140,7 +141,7 @@ def bench_generate(a):
                     do_sample=True, top_k=0)
     t_ours, t_hf = [], []
     for _ in range(a.reps):   # alternated, each side's median: a shared machine drifts by 10-20% between runs
-        out, dt = _timed(lambda: generate(ours, prompts.tolist(), a.new, temperature=1.0, seed=0))
+        out, dt = _timed(lambda: generate(ours, prompts.tolist(), a.new, Sampling(1.0), seed=0))
         t_ours.append(dt)
         assert all(len(s.tokens) == a.new for s in out)
         with torch.no_grad():
@@ -662,6 +663,7 @@ def _gpu_side(run_generate, train_step, a, device) -> tuple[dict, list]:
 
 def bench_gpu(a):
     from model import Transformer, generate
+    from sampling import Sampling
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench gpu: no CUDA device here; run it on a machine with a GPU, or smoke-test the same "
@@ -680,7 +682,7 @@ def bench_gpu(a):
         hf = _hf_model(path, torch.bfloat16).to(device)
 
     def ours_generate(b, n):
-        out = generate(ours, prompts[:b].tolist(), n, temperature=1.0, seed=0)
+        out = generate(ours, prompts[:b].tolist(), n, Sampling(1.0), seed=0)
         assert all(len(s.tokens) == n for s in out)
 
     def hf_generate(b, n):
@@ -735,6 +737,7 @@ def _decode_steps(a, device) -> dict:
     """{(shape, batch): ms a step of ours with decode graphs, ours eager, transformers, and the memory roof}:
     random bf16 checkpoints, a.prompt-token prompts, sampling at temperature 1, every row the full length."""
     from model import Session, Transformer, generate
+    from sampling import Sampling
     cuda = device.type == "cuda"
     bandwidth = _copy_bandwidth(device, 2**30 if cuda else 2**24)
     shapes, batches = ({"small": ("qwen2", SMALL)}, (1, 4)) if a.small else (STEP_SHAPES, STEP_BATCHES)
@@ -749,7 +752,7 @@ def _decode_steps(a, device) -> dict:
 
             def ours_run(k, graphs):
                 session = Session(ours, b, a.prompt + k, graphs=graphs)
-                generate(ours, prompts.tolist(), k, temperature=1.0, seed=0, session=session, rows=list(range(b)))
+                generate(ours, prompts.tolist(), k, Sampling(1.0), seed=0, session=session, rows=list(range(b)))
 
             def hf_run(k):
                 x = prompts.to(device)

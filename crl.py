@@ -5,9 +5,10 @@ Read top to bottom, as the paper goes: the settings and the run state, the actor
 actor's objective (split advantages, GRPO, `actor_update`), the extractor (distillation, credit, CISPO,
 `extractor_update`, the merge), one iteration (`train_step`) and `evaluate`; metrics.py computes the metrics.
 model.py supplies the decoder and the batched KV-cache generator, hf.py the tokenizers and the chat template,
-envs.py the games and their pool, bank.py the shared experience bank, parallel.py the micro-batched policy
-update, random streams and collectives, small/ what only the small models need (constrained replies, the
-tiny model, the presets); train.py builds a `Run` and calls `train_step` / `evaluate` in a loop.
+envs.py the games and their pool, bank.py the shared experience bank, update.py the policy update both
+objectives share (log-probs, loss, backward, step), parallel.py random streams, collectives and mixed precision,
+small/ what only the small models need (constrained replies, the tiny model, the presets); train.py builds a
+`Run` and calls `train_step` / `evaluate` in a loop.
 
 The paper (Muhtar et al., arXiv 2603.17621), piece by piece; METHOD.md sets each point beside the authors'
 release (github pUmpKin-Co/ComplementaryRL at ab2574f), which crl follows where the paper is silent:
@@ -48,8 +49,8 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 - retrieval serves equal cosines newest first (the release's top-k leaves ties unordered), and the re-rank reads
   one usage snapshot per 32 queries cut by order, not by a 5 ms arrival window: both reproducible; a CISPO
   batch orders the generations first credited in one iteration by id, the release by arrival, for the same reason;
-- the lesson's framing (LESSONS_INTRO) paraphrases the release's; the extractor shares the actor's top-p (1.0,
-  the release 0.99); a merge keeps items of any length (the release drops those of 30 characters or fewer);
+- the lesson's framing (LESSONS_INTRO) paraphrases the release's; the extractor shares the actor's top-p (1.0, the
+  release 0.99);
 - the judge reads the task, the first view and the lesson, not the task's running score; an extractor reply's
   bad lines are skipped, not the whole reply; the bank's capacity is per task, not shared;
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
@@ -84,10 +85,10 @@ from bank import BankConfig, Operation
 from hf import encode_chat, next_turn_tokens
 from model import Session, generate
 from sampling import Sampling
-from parallel import (Update, all_reduce_sum, cores_per_rank, gather_objects, policy_update, rank, seeded_generator,
-                      world)
+from parallel import all_reduce_sum, cores_per_rank, gather_objects, rank, seeded_generator, world
 from settings import batching, per_task, probe, setting, small_models, vault_study
 from small.grammar import Constraint, heads_for
+from update import Update, policy_update
 from metrics import (episode_metrics, paired_contrast, retrieval_metrics, same_instance, searches, success_metrics,
                      vault_lessons, wrote_share)
 
@@ -230,6 +231,10 @@ class CRLConfig:
     def window(self, task: str) -> int | None:
         """Turns of `task` kept in the actor's context (None: the whole episode)."""
         return self._windows.get(task, self._windows.get(None))
+
+    def sampling(self, temperature: float) -> Sampling:
+        """A sampler at `temperature` (the actor's or the extractor's) with the shared top-k and top-p."""
+        return Sampling(temperature, self.top_k, self.top_p)
 
     @property
     def uses_bank(self):
@@ -458,8 +463,8 @@ class EpisodeBatch:
         cons = self.constraints(rows)
         t0 = time.perf_counter()
         samples = generate(self.run.actor, [self.feed[i] for i in rows], self.reply_budget(cons),
-                           temperature=temperature, top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id],
-                           tokenizer=tok, generator=rng, constraint=cons, session=self.session, rows=rows)
+                           cfg.sampling(temperature), stop=[tok.eos_token_id], tokenizer=tok, generator=rng,
+                           constraint=cons, session=self.session, rows=rows)
         self.run.timer["generate"] += time.perf_counter() - t0
         return samples
 
@@ -596,9 +601,8 @@ def judge_lessons(run, items: list[tuple[Episode, str]], rng, temperature: float
     cons = judge_constraint(run) if not run.cfg.free_text else None
     t0 = time.perf_counter()
     samples = generate(run.actor, prompts, Constraint.budget(run.cfg.max_reply_tokens, cons and [cons]),
-                       temperature=temperature, top_p=run.cfg.top_p, top_k=run.cfg.top_k,
-                       stop=[run.actor_tok.eos_token_id], tokenizer=run.actor_tok, generator=rng,
-                       constraint=cons and [cons] * len(pairs))
+                       run.cfg.sampling(temperature), stop=[run.actor_tok.eos_token_id], tokenizer=run.actor_tok,
+                       generator=rng, constraint=cons and [cons] * len(pairs))
     run.timer["generate"] += time.perf_counter() - t0
     kept = {id(e): [] for e, _ in items}
     for (e, j), s in zip(pairs, samples):
@@ -684,7 +688,7 @@ def actor_update(run, eps: list[Episode]) -> dict:
     seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
     t0 = time.perf_counter()
     update = Update(run.actor, run.actor_opt, functools.partial(grpo_loss, clip=cfg.clip),
-                    (1 - cfg.clip, 1 + cfg.clip), Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.minibatches)
+                    (1 - cfg.clip, 1 + cfg.clip), cfg.sampling(cfg.temperature), cfg.minibatches)
     stats = policy_update(run, update, segments, seg_adv)
     run.timer["update"] = time.perf_counter() - t0
     return {f"actor/{k}": v for k, v in stats.items()}
@@ -820,9 +824,8 @@ def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, hea
     cfg, tok = run.cfg, run.extractor_tok
     t0 = time.perf_counter()
     budget = Constraint.budget(cfg.extractor_reply_tokens, heads)   # a grammar reply is never cut
-    samples = generate(run.extractor, prompts, budget, temperature=cfg.extractor_temperature,
-                       top_p=cfg.top_p, top_k=cfg.top_k, stop=[tok.eos_token_id], tokenizer=tok,
-                       generator=rng, constraint=heads)
+    samples = generate(run.extractor, prompts, budget, cfg.sampling(cfg.extractor_temperature),
+                       stop=[tok.eos_token_id], tokenizer=tok, generator=rng, constraint=heads)
     run.timer["extractor"] += time.perf_counter() - t0
     out = []
     for prompt, task, s in zip(prompts, tasks, samples):
@@ -977,7 +980,7 @@ def extractor_update(run) -> dict:
         t0 = time.perf_counter()
         loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high)
         update = Update(run.extractor, run.extractor_opt, loss, (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high),
-                        Sampling(cfg.extractor_temperature, cfg.top_k, cfg.top_p))
+                        cfg.sampling(cfg.extractor_temperature))
         stats = policy_update(run, update, segments, [r - mean for r in rewards])
         run.timer["extractor_update"] += time.perf_counter() - t0
         for g in ready.values():
@@ -1032,16 +1035,25 @@ def merge_pass(run, step: int, rng) -> list[Operation]:
     return ops
 
 
+STUB_RE = re.compile(r"(your\s+(comprehensive\s+)?|(first|second)\s+(merged\s+)?)knowledge|\[.*placeholder.*\]$|<.*>$")
+
+
+def lasting(text: str) -> bool:
+    """[release] Whether a merge's item may replace what it was shown: over 30 characters and not a stub copied
+    from the prompt's template (`<...>`, `[placeholder]`, `Your knowledge ...`). A one-word lesson never is."""
+    return len(text.strip()) > 30 and not STUB_RE.match(text.strip().lower())
+
+
 class MergeChain:
     """One task's rolling merge [release]. Each item shown is (text, the bank entries it stands for, the generation
     that wrote it; None for an entry as the bank holds it). A call's reply is the new list for the items shown:
     each `UPDATE i,j: text` one new item standing for items i and j, each `KEEP i` item i as it is; an item no
-    line names is gone. The whole list is carried into the next call, after its chunk of entries. A reply with
-    no valid line (NONE, empty, unparsable) keeps what it was shown: its entries stay in the bank as they are,
-    what the chain carried to it is written as it is, and the next call starts afresh from its own chunk. At the
-    end every entry shown to a successful call is removed and each item of the lists left is written anew (new
-    id, counts reset), keyed by the mean of its entries' keys (a kept entry: its own key) and credited to the
-    generation whose list held it last."""
+    line names is gone, as is an item that does not last (`lasting`). The whole list is carried into the next
+    call, after its chunk of entries. A reply with no valid line (NONE, empty, unparsable) or none that lasts
+    keeps what it was shown: its entries stay in the bank as they are, what the chain carried to it is written
+    as it is, and the next call starts afresh from its own chunk. At the end every entry shown to a successful
+    call is removed and each item of the lists left is written anew (new id, counts reset), keyed by the mean of
+    its entries' keys (a kept entry: its own key) and credited to the generation whose list held it last."""
 
     def __init__(self, task: str, entries: list, size: int):
         self.task, self.size = task, size
@@ -1059,16 +1071,19 @@ class MergeChain:
         return True
 
     def apply(self, parsed: list[tuple], gen_id: int):
-        if not parsed:   # [release] a failed or empty reply must not wipe what it was shown
-            self.written += [item for item in self.shown if item[2] is not None]
-            return
-        self.replaced += [i for _, ids, gen in self.shown if gen is None for i in ids]
+        listed = []
         for kind, targets, text in parsed:
             items = [self.shown[t - 1] for t in targets]
             if kind == "keep":
-                self.carried += [(item_text, ids, gen_id) for item_text, ids, _ in items]
+                listed += [(item_text, ids, gen_id) for item_text, ids, _ in items]
             else:
-                self.carried.append((text, tuple(i for _, ids, _ in items for i in ids), gen_id))
+                listed.append((text, tuple(i for _, ids, _ in items for i in ids), gen_id))
+        listed = [item for item in listed if lasting(item[0])]
+        if not listed:   # [release] a failed, empty or all-stub reply must not wipe what it was shown
+            self.written += [item for item in self.shown if item[2] is not None]
+            return
+        self.replaced += [i for _, ids, gen in self.shown if gen is None for i in ids]
+        self.carried += listed
 
     def operations(self, step: int, key_of) -> list[Operation]:
         """The removal of every replaced entry, then each new lesson keyed by `key_of(its entries)`: the keys are

@@ -507,9 +507,8 @@ class _Reply:
         return not self.free_after
 
 
-def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1.0, top_p=1.0, top_k=0,
-             stop=(), tokenizer=None, seed=None, generator=None, constraint=None, session=None, rows=None
-             ) -> list[Sample]:
+def generate(model, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = Sampling(), stop=(),
+             tokenizer=None, seed=None, generator=None, constraint=None, session=None, rows=None) -> list[Sample]:
     """Sample a reply for every prompt, all in one batch over a KV cache; see Sample for what comes back.
 
     Layout: ragged, not left-padded. Each conversation owns a cache row starting at position 0, so its
@@ -521,7 +520,6 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature=1
     Stops: EOS ids of the model config, ids in `stop`, and strings in `stop` (decoded with `tokenizer`).
     Stop rules apply while a row is unconstrained; a full-completion constraint ends the row itself.
     Randomness: `generator` (on the model's device) or `seed`; with neither, torch's global RNG."""
-    sampling = Sampling(temperature, top_k, top_p)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not prompts:
@@ -588,15 +586,14 @@ def _session_rows(model, session: Session | None, rows, prompts, max_new_tokens)
 # training-side log-probs
 
 
-def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, temperature=1.0, top_k=0,
-                   top_p=1.0, allowed: list | None = None, chunk_size=1024) -> torch.Tensor:
+def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, sampling: Sampling = Sampling(),
+                   allowed: list | None = None, chunk_size=1024) -> torch.Tensor:
     """fp32 [B, T]: out[b, t] = log p(tokens[b, t] | tokens[b, :t]) where mask[b, t] and t >= 1, else 0;
-    differentiable. `tokens` are right-padded. The distribution is the sampler's (filter_logits): same
-    temperature, top-k, top-p, and `allowed[b][t]` (allowed ids for the token at index t of row b, i.e. a
+    differentiable. `tokens` are right-padded. The distribution is the sampler's (`sampling`), with
+    `allowed[b][t]` (allowed ids for the token at index t of row b, i.e. a
     sampled token's Sample.allowed entry at its position in the sequence), so on-policy this reproduces
     Sample.logprobs. Only the masked positions go through lm_head, `chunk_size` rows at a time under
     activation checkpointing, so neither forward nor backward holds full-vocabulary logits for the batch."""
-    sampling = Sampling(temperature, top_k, top_p)
     if tokens.dim() != 2 or mask.shape != tokens.shape:
         raise ValueError(f"tokens and mask must both be [B, T]; got {tuple(tokens.shape)} and {tuple(mask.shape)}")
     if allowed is not None and len(allowed) != tokens.shape[0]:

@@ -1,13 +1,9 @@
-"""parallel.py — how the work is split and placed: micro-batched policy updates over ranks, random streams and
-collectives, mixed precision, FSDP2 sharding, rollout copies, sharded checkpoints, background distillation.
+"""parallel.py — how the work is split and placed: random streams and collectives, mixed precision, FSDP2
+sharding, rollout copies, sharded checkpoints, background distillation.
 
 None of this changes the algorithm: with fp32 weights on one device (the CPU default) every function here
-hands back what it was given, and a policy update is the same step for any micro-batch size or number of
-ranks (up to float rounding). crl.py calls it at a few fixed points, train.py when it builds and saves a run.
-
-- Policy updates. `policy_update` takes an objective (crl's GRPO or CISPO loss, its settings bound), a batch
-  and its advantages; it splits the batch into micro-batches of similar lengths, divides each loss by the
-  global sequence count, sums gradients over ranks, clips the norm and steps.
+hands back what it was given. crl.py and update.py (the policy update, micro-batched over ranks) call it at a
+few fixed points, train.py when it builds and saves a run.
 
 - Mixed precision. The trained weights (the "masters") and AdamW's state stay fp32 while forward and
   backward compute in bf16: autocast without FSDP, FSDP's MixedPrecisionPolicy with it. bf16 masters would
@@ -32,9 +28,7 @@ import math
 import os
 import pickle
 import time
-import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,7 +36,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from model import Transformer, rope_inv_freq, token_logprobs
-from sampling import Sampling
 
 
 def is_sharded(model) -> bool:
@@ -309,128 +302,6 @@ class Distillation:
         finally:
             self.run.extractor = self.trained
 
-
-# ---------------------------------------------------------------------------------------------------------
-# Policy updates: micro-batches, global denominators, gradient clipping. crl.actor_update and
-# crl.extractor_update call policy_update with their objective bound (crl.grpo_loss, crl.cispo_loss) and a batch
-# of segments (crl.Segment: tokens, the trained-token mask, the sampler's log-probs, allowed ids)
-
-def pad_segments(segments: list, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded [B, T] tokens, actor-token mask and sampler log-probs."""
-    T = max(len(s.tokens) for s in segments)
-    tokens = torch.zeros(len(segments), T, dtype=torch.long)
-    mask = torch.zeros(len(segments), T, dtype=torch.bool)
-    old = torch.zeros(len(segments), T)
-    for b, s in enumerate(segments):
-        tokens[b, :len(s.tokens)] = torch.tensor(s.tokens)
-        mask[b, :len(s.mask)] = torch.tensor(s.mask)
-        old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
-    mask[:, 0] = False   # the first token has no prediction
-    return tokens.to(device), mask.to(device), old.to(device)
-
-
-@dataclass
-class Update:
-    """A policy update's fixed parts: the model and its optimizer, the objective with its settings bound
-    (`loss(logp, old_logp, adv, mask, **denominators)`: grpo_loss or cispo_loss), the ratio band its clip
-    fraction counts outside, the distribution the tokens were sampled from, and optimizer steps per batch."""
-    model: torch.nn.Module
-    opt: torch.optim.Optimizer
-    loss: object
-    clip_range: tuple
-    sampling: Sampling = Sampling()
-    minibatches: int = 1
-
-
-def policy_update(run, update: Update, segments: list, advantages: list[float]) -> dict:
-    """One epoch over the batch in `update.minibatches` optimizer steps (PPO mini-batches: after the first step
-    the ratio leaves 1 and the clip starts to matter). Returns the steps' mean statistics."""
-    steps = []
-    for k in range(update.minibatches):
-        idx = list(range(k, len(segments), update.minibatches))
-        steps.append(optimizer_step(run, update, [segments[j] for j in idx], [advantages[j] for j in idx]))
-    out = {key: sum(s.get(key, 0.0) for s in steps) / len(steps) for key in steps[0] if key != "grad_norm"}
-    out["skipped"] = sum(s["skipped"] for s in steps)
-    out["trained_seqs"] = sum(s["trained_seqs"] for s in steps)
-    norms = [s["grad_norm"] for s in steps if "grad_norm" in s]
-    if norms:
-        out["grad_norm"] = sum(norms) / len(norms)
-    return out
-
-
-def optimizer_step(run, update: Update, segments: list, advantages: list[float]) -> dict:
-    """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
-    micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
-    model = update.model
-    denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)))
-    # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
-    # denominators above still count it, so the update is exactly the same)
-    trained = [j for j in range(len(segments)) if advantages[j] != 0.0 and any(segments[j].mask[1:])]
-    if all_reduce_sum(len(trained)) == 0:
-        return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
-    update.opt.zero_grad(set_to_none=True)
-    sums = backward_micro_batches(run, update, [segments[j] for j in trained], [advantages[j] for j in trained],
-                                  denoms)
-    if not is_sharded(model):   # FSDP has reduce-scattered them already
-        all_reduce_grads(model)
-    loss = all_reduce_sum(sums["loss"])
-    tokens = max(all_reduce_sum(sums["tokens"]), 1.0)
-    out = {"loss": loss, "ratio": all_reduce_sum(sums["ratio"]) / tokens,
-           "clipfrac": all_reduce_sum(sums["clipfrac"]) / tokens, "skipped": 0,
-           "trained_seqs": all_reduce_sum(len(trained))}
-    return {**out, **clip_and_step(run, model, update.opt, loss)}
-
-
-def backward_micro_batches(run, update: Update, segments: list, advantages: list[float], denoms: dict
-                           ) -> dict:
-    """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate.
-    Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
-    cfg, model, (lo, hi), sampling = run.cfg, update.model, update.clip_range, update.sampling
-    sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
-    batches = micro_batches([len(s.tokens) for s in segments], cfg.micro_batch, cfg.micro_tokens)
-    device = next(model.parameters()).device
-    match_microbatches(model, len(batches))
-    with autocast(model):   # one context for the step: each weight is cast to bf16 once, not once a micro-batch
-        for idx in batches:
-            batch = [segments[j] for j in idx]
-            tokens, mask, old = pad_segments(batch, device)
-            adv = torch.tensor([advantages[j] for j in idx], device=device)
-            seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
-            logp = token_logprobs(model, tokens, mask, temperature=sampling.temperature, top_k=sampling.top_k,
-                                  top_p=sampling.top_p, allowed=[s.allowed for s in batch])
-            with autocast(model, enabled=False):   # the loss, the backward and the statistics in full precision
-                loss = update.loss(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
-                loss.backward()
-                with torch.no_grad():
-                    ratio = torch.exp(logp - old)[mask]
-                    sums["loss"] += loss.item()
-                    sums["ratio"] += ratio.sum().item()
-                    sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
-                    sums["tokens"] += ratio.numel()
-    return sums
-
-
-def micro_batches(lengths: list[int], size: int, tokens: int | None) -> list[list[int]]:
-    """Indices in micro-batches of similar lengths (shortest first): at most `size` sequences, and at most
-    `tokens` once padded to the longest (a longer sequence goes alone)."""
-    out = []
-    for j in sorted(range(len(lengths)), key=lambda j: lengths[j]):
-        if not out or len(out[-1]) == size or (tokens and (len(out[-1]) + 1) * lengths[j] > tokens):
-            out.append([])
-        out[-1].append(j)
-    return out
-
-
-def clip_and_step(run, model, opt, loss: float) -> dict:
-    """Clip the summed gradient's norm and step, unless the loss or the gradient is not finite (then the
-    update is skipped, identically on every rank after the reduce)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.cfg.grad_clip)
-    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
-        warnings.warn(f"non-finite loss or gradient (loss={loss}); update skipped")
-        opt.zero_grad(set_to_none=True)
-        return {"skipped": 1}
-    opt.step()
-    return {"grad_norm": float(grad_norm)}
 
 # ---------------------------------------------------------------------------------------------------------
 # Random streams and the collectives crl needs (each a no-op in a single process)

@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 import crl
 import envs
-import parallel
+from update import pad_segments
 
 
 def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, seed: int, batch: int = 32):
@@ -25,7 +25,7 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         examples.append(lesson_example(tok, cfg, games[task], task, rng))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     for _ in tqdm(range(steps), desc="lesson prior", unit="step", disable=crl.rank() != 0):
-        tokens, mask, _ = parallel.pad_segments(rng.sample(examples, batch), "cpu")
+        tokens, mask, _ = pad_segments(rng.sample(examples, batch), "cpu")
         logits = model(tokens[:, :-1]).float()
         loss = torch.nn.functional.cross_entropy(logits[mask[:, 1:]], tokens[:, 1:][mask[:, 1:]])
         opt.zero_grad()

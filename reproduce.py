@@ -403,6 +403,10 @@ def parse_args(argv=None):
     p.add_argument("--table", action="store_true", help="only redraw the tables and pictures from what is there")
     p.add_argument("--race", nargs="+", metavar="RUN", help="print, for each run directory named, its training by "
                    "block of 30 iterations (CISPO steps, lessons right, with - without experience), and stop")
+    p.add_argument("--replay", metavar="RUN", help="train RUN's first --replay-iters iterations again from its "
+                   "args.json, in a temporary folder, and compare their metrics with RUN's value for value (times "
+                   "aside): how a change proves it kept behaviour; exit 1 if any differ")
+    p.add_argument("--replay-iters", type=int, default=8, help="iterations --replay trains (default 8)")
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -418,6 +422,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     a, extra = parse_args(argv)
+    if a.replay:
+        sys.exit(0 if replay(a.replay, a.replay_iters) else 1)
     if a.race:
         for out in a.race:
             rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -438,6 +444,32 @@ def main(argv=None):
                         cell.result()   # a cell that stopped: its message ends the grid
                         report(a.results, task)
         report(a.results, task)
+
+
+def replay(run: str, iters: int) -> bool:
+    """Train a committed run's first `iters` iterations again with its saved flags (its args.json in a fresh
+    folder, then train.py --resume, which finds no checkpoint and starts from step 0; no final evaluation) and
+    compare each iteration's metrics with the run's, times aside. Every draw is seeded by (seed, step, stream),
+    so on the same kind of CPU an unchanged computation gives the same values."""
+    import tempfile
+    strip = lambda row: {k: v for k, v in row.items() if not k.startswith("time/")}  # noqa: E731
+    want = [strip(json.loads(line)) for line in islice(open(os.path.join(run, "metrics.jsonl")), iters)]
+    with tempfile.TemporaryDirectory() as out:
+        shutil.copy(os.path.join(run, "args.json"), out)
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"), "--out", out,
+               "--resume", "--iters", str(len(want)), "--final-eval-episodes", "0", "--final-attempts", "0"]
+        if subprocess.run(cmd).returncode != 0:
+            sys.exit(f"error: the replay of {run} stopped; its output is above")
+        got = [strip(json.loads(line)) for line in open(os.path.join(out, "metrics.jsonl"))]
+    if got and len(got) == len(want):   # a run evaluates at its last iteration, which the recorded one did not end at
+        got[-1] = {k: v for k, v in got[-1].items() if not k.startswith("eval/") or k in want[-1]}
+    for w, g in zip(want, got):
+        if w != g:
+            diff = {k: (w.get(k), g.get(k)) for k in sorted(set(w) | set(g)) if w.get(k) != g.get(k)}
+            print(f"{run}: step {w.get('step')} differs (recorded, replayed): {diff}")
+            return False
+    print(f"{run}: its first {len(got)} iterations replay value for value")
+    return len(got) == len(want)
 
 
 def report(results: str, task: str):

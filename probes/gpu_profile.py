@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import bench
 from model import Session, Transformer, generate, token_logprobs
+from sampling import Sampling
 
 
 def timed(model, fn, sync, reps=5) -> list:
@@ -116,7 +117,7 @@ def threads(model, a, dev):
             def work(i, graphs):
                 try:
                     for _ in range(3):
-                        generate(model, jobs[i], 24, temperature=1.0, seed=i, rows=list(range(6)),
+                        generate(model, jobs[i], 24, Sampling(1.0), seed=i, rows=list(range(6)),
                                  session=Session(model, 6, 64, graphs=graphs))
                 except Exception as e:   # a failed capture raises here: counted, and shown once
                     errors.append(repr(e)[:100])

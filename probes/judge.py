@@ -21,6 +21,7 @@ import crl
 import envs
 import train
 from model import generate
+from sampling import Sampling
 from probes import ONE_MOVE, policy
 
 
@@ -69,7 +70,7 @@ def main(argv=None):
                 accept[kind].append(policy(model, tok, prompt, ("accept", "reject"))[0].item())
                 if mine.samples:
                     g = torch.Generator().manual_seed(rng.randrange(1 << 30))
-                    for s in generate(model, [prompt] * mine.samples, mine.reply_tokens, temperature=1.0,
+                    for s in generate(model, [prompt] * mine.samples, mine.reply_tokens, Sampling(1.0),
                                       stop=[tok.eos_token_id], tokenizer=tok, generator=g):
                         verdict, _ = crl.parse_verdict(tok.decode(s.tokens, skip_special_tokens=True), refine=True)
                         verdicts[kind][verdict] = verdicts[kind].get(verdict, 0) + 1

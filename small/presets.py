@@ -12,7 +12,10 @@ TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, free_text=False, history=0, ma
             micro_batch=16, eval_every=30, iters=270, instructions=False, show_map=False,
             max_steps="room=10,maze=10", judge="none",   # a model trained from scratch never learns to judge: no verdict is trained
             dtype=None)   # not auto: fp32 on any CPU (the tiny results are fp32 runs), bf16 on CUDA
-TINY_EXTRACTOR = dict(extractor_free_text=False)   # --extractor tiny
+# A constrained extractor's lessons are a few move words, and a merge keeps only items over 30 characters
+# [release] (crl.lasting): every merge would keep its chunk and only cost its calls, so the small extractors merge
+# never.
+TINY_EXTRACTOR = dict(extractor_free_text=False, merge_every=0)   # --extractor tiny
 # SMOLLM2 (--actor smollm2, the 135M instruct model), each value measured on a 2-core CPU (results/smollm2/): the
 # lesson as a tip opening the first user turn, without the task text (followed 0.51 of the time against 0.18 at
 # the end of the system prompt; chance 0.125), replies constrained to the actions, lr 1e-5 (tuned on the GRPO
@@ -42,5 +45,5 @@ SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, free_text=Fal
 # vault runs credit 1.55-1.95 generations an iteration (results/smollm2-vault), so at 64 a 60-iteration run takes
 # one step, and the CISPO probe needs 20-70 steps of 16 (results/cispo-vault)
 SMOLLM2_EXTRACTOR = dict(extractor_free_text=False, lesson_moves=1, extractor_none="never", extractor_reply_tokens=16,
-                         episode_chars=1500, distill_per_group=4, extractor_batch=16)
+                         episode_chars=1500, distill_per_group=4, extractor_batch=16, merge_every=0)
 PRESETS = {"tiny": (TINY, TINY_EXTRACTOR), "smollm2": (SMOLLM2, SMOLLM2_EXTRACTOR)}   # name: (actor, extractor)

@@ -12,7 +12,7 @@ import torch
 import crl
 from bank import ExperienceBank, ExperienceManager, Operation
 from test_bank import HashEmbedder
-from test_paths import tiny_run
+from test_crl import tiny_run
 
 
 def make_run(**settings) -> crl.Run:

@@ -9,6 +9,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from model import ByteTokenizer, Session, Transformer, generate, token_logprobs
+from sampling import Sampling
 from small.tiny import init_weights, tiny_model
 from small.grammar import Constraint
 
@@ -54,13 +55,13 @@ def test_greedy_ragged_batch_equals_transformers(pair):
     hf, ours = pair
     prompts = _prompts(5, 1, 30, 89, seed=1)
     refs = [_hf_greedy(hf, p, 12) for p in prompts]
-    out = generate(ours, prompts, 12, temperature=0)
+    out = generate(ours, prompts, 12, Sampling(0))
     assert [s.tokens for s in out] == refs
     assert all(s.finish_reason == "length" for s in out)
     # with a stop id taken from the middle of one reference: HF stops there too, token for token
     eos = refs[0][5]
     refs = [_hf_greedy(hf, p, 12, eos=eos) for p in prompts]
-    out = generate(ours, prompts, 12, temperature=0, stop=[eos])
+    out = generate(ours, prompts, 12, Sampling(0), stop=[eos])
     assert [s.tokens for s in out] == [r[:r.index(eos) + 1] if eos in r else r for r in refs]
     assert out[0].finish_reason == "stop" and out[0].tokens[-1] == eos
 
@@ -68,7 +69,7 @@ def test_greedy_ragged_batch_equals_transformers(pair):
 def test_cached_decoding_equals_no_cache_forward(pair):
     _, ours = pair
     prompts = _prompts(4, 3, 40, 89, seed=2)
-    out = generate(ours, prompts, 10, temperature=1.0, seed=0)
+    out = generate(ours, prompts, 10, Sampling(1.0), seed=0)
     for p, s in zip(prompts, out):
         seq = torch.tensor([p + s.tokens])
         with torch.no_grad():
@@ -125,7 +126,7 @@ def test_the_cache_is_read_only_where_written_or_zeroed(pair, monkeypatch):
         for turn, lengths in enumerate([(130, 3, 40), (5, 150, 2), (1, 2, 300)]):
             prompts = _prompts(3, 1, 2, 89, seed=20 + turn)   # lengths set below; ids drawn here
             prompts = [(p * n)[:n] for p, n in zip(prompts, lengths)]
-            out += generate(ours, prompts, 8, temperature=1.0, seed=turn, session=sess, rows=[2, 0, 1])
+            out += generate(ours, prompts, 8, Sampling(1.0), seed=turn, session=sess, rows=[2, 0, 1])
         monkeypatch.setattr(torch, "empty", empty)
         return [(s.tokens, s.logprobs) for s in out], sess.k.shape[3]
 
@@ -158,9 +159,9 @@ def test_session_turns_equal_one_shot_on_concatenated_history(pair):
     new = dict(zip(rows, first))
     for turn in range(4):
         live = rows if turn % 2 == 0 else rows[:2]  # row 1 sits out odd turns: it costs nothing, keeps state
-        out = generate(ours, [new[r] for r in live], 6, temperature=0, session=sess, rows=live)
+        out = generate(ours, [new[r] for r in live], 6, Sampling(0), session=sess, rows=live)
         for r, s in zip(live, out):
-            one = generate(ours, [history[r]], 6, temperature=0)[0]
+            one = generate(ours, [history[r]], 6, Sampling(0))[0]
             assert s.tokens == one.tokens
             assert np.allclose(s.logprobs, one.logprobs, atol=1e-4)
             history[r] += s.tokens
@@ -171,8 +172,8 @@ def test_session_turns_equal_one_shot_on_concatenated_history(pair):
             history[r] += o
     sess.release([0])
     assert sess.length(0) == 0
-    out = generate(ours, [[4, 5, 6]], 5, temperature=0, session=sess, rows=[0])
-    assert out[0].tokens == generate(ours, [[4, 5, 6]], 5, temperature=0)[0].tokens
+    out = generate(ours, [[4, 5, 6]], 5, Sampling(0), session=sess, rows=[0])
+    assert out[0].tokens == generate(ours, [[4, 5, 6]], 5, Sampling(0))[0].tokens
 
 
 def test_session_errors(pair):
@@ -187,18 +188,18 @@ def test_session_errors(pair):
     with pytest.raises(ValueError, match="stop strings need tokenizer"):
         generate(ours, [[1]], 2, stop=["x"])
     with pytest.raises(ValueError, match="top_p must be in"):
-        generate(ours, [[1]], 2, top_p=0)
+        generate(ours, [[1]], 2, Sampling(top_p=0))
 
 
 def test_finished_rows_leave_the_decode_batch(pair, monkeypatch):
     _, ours = pair
     prompts = _prompts(4, 2, 10, 89, seed=4)
-    refs = generate(ours, prompts, 8, temperature=0)
+    refs = generate(ours, prompts, 8, Sampling(0))
     eos = refs[1].tokens[2]
     sizes = []
     real = Session.decode
     monkeypatch.setattr(Session, "decode", lambda self, r, t: sizes.append(len(r)) or real(self, r, t))
-    out = generate(ours, prompts, 8, temperature=0, stop=[eos])
+    out = generate(ours, prompts, 8, Sampling(0), stop=[eos])
     assert sum(s.finish_reason == "stop" for s in out) >= 1
     # decode call j feeds token j of exactly the rows that go on to sample token j + 1
     assert sizes == [sum(len(s.tokens) >= j + 2 for s in out) for j in range(7)]
@@ -208,15 +209,15 @@ def test_finished_rows_leave_the_decode_batch(pair, monkeypatch):
 def test_stop_strings(tiny):
     tok = ByteTokenizer()
     prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
-    free = generate(tiny, [prompt], 40, temperature=0)[0]
+    free = generate(tiny, [prompt], 40, Sampling(0))[0]
     text = tok.decode(free.tokens)
     needle = text[6:8]
     cut = next(i for i in range(1, len(free.tokens) + 1) if needle in tok.decode(free.tokens[:i]))
-    out = generate(tiny, [prompt], 40, temperature=0, stop=[needle], tokenizer=tok)[0]
+    out = generate(tiny, [prompt], 40, Sampling(0), stop=[needle], tokenizer=tok)[0]
     assert out.tokens == free.tokens[:cut] and out.finish_reason == "stop"
 
 
-def _recompute(model, prompts, samples, **kw):
+def _recompute(model, prompts, samples, sampling, chunk_size=1024):
     """Right-padded prompt + reply, a mask on the reply, and the allowed-id dicts from Sample.allowed."""
     L = max(len(p) + len(s.tokens) for p, s in zip(prompts, samples))
     toks = torch.zeros(len(prompts), L, dtype=torch.long)
@@ -227,18 +228,18 @@ def _recompute(model, prompts, samples, **kw):
         toks[b, :len(seq)] = torch.tensor(seq)
         mask[b, len(p):len(seq)] = True
         allowed.append({len(p) + j: a for j, a in enumerate(s.allowed) if a is not None})
-    return toks, mask, token_logprobs(model, toks, mask, allowed=allowed, **kw)
+    return toks, mask, token_logprobs(model, toks, mask, sampling, allowed=allowed, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=20),
-                                dict(temperature=1.3, top_k=5), dict(temperature=0.0)])
-def test_sampled_logprobs_equal_token_logprobs(tiny, kw):
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7, top_k=20, top_p=0.9), Sampling(1.3, top_k=5),
+                                      Sampling(0.0)])
+def test_sampled_logprobs_equal_token_logprobs(tiny, sampling):
     tok = ByteTokenizer()
     prompts = [tok.encode(t) for t in ("<|im_start|>user\nwhere?<|im_end|>\n", "go ", "a", "the map is ##")]
     cons = [Constraint.from_strings(tok, ["north", "south", "n", "ne"]), None,
             Constraint.from_strings(tok, ["add(", "update(", "none"], free_after=True), None]
-    out = generate(tiny, prompts, 24, constraint=cons, seed=0, **kw)
-    toks, mask, lp = _recompute(tiny, prompts, out, chunk_size=7, **kw)
+    out = generate(tiny, prompts, 24, sampling, constraint=cons, seed=0)
+    toks, mask, lp = _recompute(tiny, prompts, out, sampling, chunk_size=7)
     for b, (p, s) in enumerate(zip(prompts, out)):
         got = lp[b, len(p):len(p) + len(s.tokens)]
         assert torch.allclose(got, torch.tensor(s.logprobs), atol=1e-4), (b, got, s.logprobs)
@@ -259,7 +260,7 @@ def test_constrained_logprobs_are_the_softmax_over_the_allowed_ids(tiny, tempera
     replies = [tok.encode(w) + [tok.eos_token_id] for w in words]
     prompts = [tok.encode(t) for t in ("go ", "<|im_start|>user\nwhere?<|im_end|>\n", "x", "stairs: 1 ")]
     cons = [Constraint.from_strings(tok, words)] * len(prompts)
-    out = generate(tiny, prompts, 16, temperature=temperature, constraint=cons, seed=3)
+    out = generate(tiny, prompts, 16, Sampling(temperature), constraint=cons, seed=3)
     for p, s in zip(prompts, out):
         assert s.tokens in replies
         for j, t in enumerate(s.tokens):
@@ -276,9 +277,9 @@ def test_token_logprobs_grad_and_chunking(tiny):
     g = G(5)
     toks = torch.randint(0, 256, (3, 30), generator=g)
     mask = torch.rand(3, 30, generator=g) < 0.7
-    kw = dict(temperature=0.8, top_k=30, top_p=0.95)
-    a = token_logprobs(tiny, toks, mask, chunk_size=5, **kw)
-    b = token_logprobs(tiny, toks, mask, chunk_size=4096, **kw)
+    sampling = Sampling(0.8, top_k=30, top_p=0.95)
+    a = token_logprobs(tiny, toks, mask, sampling, chunk_size=5)
+    b = token_logprobs(tiny, toks, mask, sampling, chunk_size=4096)
     assert torch.allclose(a, b, atol=1e-5) and torch.isfinite(a).all()  # off-policy tokens stay finite
     # without filtering it is the plain log-softmax of the no-cache forward
     with torch.no_grad():
@@ -304,7 +305,7 @@ def test_constraint_outputs_are_allowed_completions(tiny):
     words = ["n", "ne", "north", "south", "été"]
     c = Constraint.from_strings(tok, words)
     prompt = tok.encode("<|im_start|>assistant\n")
-    out = generate(tiny, [prompt] * 64, 16, temperature=1.5, constraint=[c] * 64, seed=1)
+    out = generate(tiny, [prompt] * 64, 16, Sampling(1.5), constraint=[c] * 64, seed=1)
     got = set()
     for s in out:
         assert s.finish_reason == "stop" and s.tokens[-1] == tok.eos_token_id
@@ -312,7 +313,7 @@ def test_constraint_outputs_are_allowed_completions(tiny):
         got.add(tok.decode(s.tokens[:-1]))
     assert len(got) >= 3  # sampling really explores the trie
     heads = Constraint.from_strings(tok, ["add(", "none"], free_after=True)
-    out = generate(tiny, [prompt] * 16, 12, temperature=1.0, constraint=[heads] * 16, seed=2)
+    out = generate(tiny, [prompt] * 16, 12, Sampling(1.0), constraint=[heads] * 16, seed=2)
     for s in out:
         text = tok.decode(s.tokens)
         assert text.startswith("add(") or text.startswith("none")
@@ -332,7 +333,7 @@ def test_jump_forward_skips_sampling_of_forced_tokens(tiny, monkeypatch):
     monkeypatch.setattr(Session, "decode", lambda self, r, t: calls.append([1] * len(r)) or real_decode(self, r, t))
     prompt = tok.encode("<|im_start|>assistant\n")
     sess = Session(tiny, 16, 64)
-    out = generate(tiny, [prompt] * 16, 16, temperature=2.0, constraint=[c] * 16, seed=3, session=sess,
+    out = generate(tiny, [prompt] * 16, 16, Sampling(2.0), constraint=[c] * 16, seed=3, session=sess,
                    rows=list(range(16)))
     north = [s for s in out if s.tokens[0] == ord("n")]
     assert 0 < len(north) < 16
@@ -346,10 +347,10 @@ def test_jump_forward_skips_sampling_of_forced_tokens(tiny, monkeypatch):
     # the session holds every reply token (the unfed forced tail is pending) and continues like a one-shot
     monkeypatch.undo()
     nxt = tok.encode("<|im_start|>user\nok<|im_end|>\n")
-    cont = generate(tiny, [nxt] * 16, 6, temperature=0, session=sess, rows=list(range(16)))
+    cont = generate(tiny, [nxt] * 16, 6, Sampling(0), session=sess, rows=list(range(16)))
     for r, (s, c2) in enumerate(zip(out, cont)):
         assert sess.length(r) == len(prompt) + len(s.tokens) + len(nxt) + len(c2.tokens)
-        one = generate(tiny, [prompt + s.tokens + nxt], 6, temperature=0)[0]
+        one = generate(tiny, [prompt + s.tokens + nxt], 6, Sampling(0))[0]
         assert c2.tokens == one.tokens and np.allclose(c2.logprobs, one.logprobs, atol=1e-4)
 
 
@@ -378,7 +379,7 @@ def test_top_k_top_p_match_expected_distribution(tmp_path, temperature, top_k, t
         p /= p.sum()
     assert 2 <= (p > 0).sum() < V  # the truncation is real and leaves a choice
     N = 6000
-    out = generate(ours, [prompt] * N, 1, temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
+    out = generate(ours, [prompt] * N, 1, Sampling(temperature, top_k=top_k, top_p=top_p), seed=7)
     counts = np.bincount([s.tokens[0] for s in out], minlength=V)
     assert counts[p == 0].sum() == 0
     sigma = np.sqrt(N * p * (1 - p))
@@ -417,10 +418,10 @@ def graph_vs_eager(model, tol=1e-4):
              (list(range(20)), 9, 0.0, 300, False), (list(range(20)), 6, 1.0, 5, True)]
     for t, (rows, n, temperature, longest, constrained) in enumerate(turns):
         prompts = _prompts(len(rows), 1, longest + 1, 250, seed=40 + t)
-        kw = dict(temperature=temperature, rows=rows,
+        kw = dict(sampling=Sampling(temperature), rows=rows,
                   constraint=[cons if constrained and r % 3 == 1 else None for r in rows])
         if t == 0:   # a stop id that ends row 0 early: the batch shrinks inside its bucket
-            kw["stop"] = [generate(model, prompts, n, temperature=0)[0].tokens[2]]
+            kw["stop"] = [generate(model, prompts, n, Sampling(0))[0].tokens[2]]
         a = generate(model, prompts, n, session=graph, generator=torch.Generator(dev).manual_seed(t), **kw)
         b = generate(model, prompts, n, session=eager, generator=torch.Generator(dev).manual_seed(t), **kw)
         assert [s.tokens for s in a] == [s.tokens for s in b], f"turn {t}"

@@ -18,6 +18,7 @@ from transformers.utils import logging as hf_logging
 import bench
 from kernels._triton import InterpretedFunction, triton
 from model import ByteTokenizer, Session, Transformer, generate, token_logprobs
+from sampling import Sampling
 from small.tiny import init_weights, tiny_model
 from small.grammar import Constraint
 
@@ -248,7 +249,7 @@ def test_greedy_generate_equals_transformers_on_cuda(ckpt, dtype):
     ours = Transformer.from_pretrained(ckpt, dtype=dtype, device=DEV)
     hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(DEV).eval()
     prompts = _prompts(6, 1, 40, 89, seed=2)
-    out = generate(ours, prompts, 16, temperature=0)
+    out = generate(ours, prompts, 16, Sampling(0))
     exact = 0
     for p, s in zip(prompts, out):
         with torch.no_grad():
@@ -299,8 +300,8 @@ def test_sampled_logprobs_equal_token_logprobs_on_cuda():
     prompts = [tok.encode(t) for t in ("<|im_start|>user\nwhere?<|im_end|>\n", "go ", "a", "the map is ##")]
     cons = [Constraint.from_strings(tok, ["north", "south", "n", "ne"]), None,
             Constraint.from_strings(tok, ["add(", "update(", "none"], free_after=True), None]
-    kw = dict(temperature=0.7, top_p=0.9, top_k=20)
-    out = generate(tiny, prompts, 24, constraint=cons, seed=0, **kw)
+    sampling = Sampling(0.7, top_k=20, top_p=0.9)
+    out = generate(tiny, prompts, 24, sampling, constraint=cons, seed=0)
     L = max(len(p) + len(s.tokens) for p, s in zip(prompts, out))
     toks = torch.zeros(len(prompts), L, dtype=torch.long)
     mask = torch.zeros(len(prompts), L, dtype=torch.bool)
@@ -309,7 +310,7 @@ def test_sampled_logprobs_equal_token_logprobs_on_cuda():
         toks[b, :len(p) + len(s.tokens)] = torch.tensor(p + s.tokens)
         mask[b, len(p):len(p) + len(s.tokens)] = True
         allowed.append({len(p) + j: a for j, a in enumerate(s.allowed) if a is not None})
-    lp = token_logprobs(tiny, toks.to(DEV), mask.to(DEV), allowed=allowed, **kw).cpu()
+    lp = token_logprobs(tiny, toks.to(DEV), mask.to(DEV), sampling, allowed=allowed).cpu()
     for b, (p, s) in enumerate(zip(prompts, out)):
         torch.testing.assert_close(lp[b, len(p):len(p) + len(s.tokens)], torch.tensor(s.logprobs), rtol=0, atol=1e-4)
 
@@ -352,8 +353,8 @@ def test_seeded_sampling_with_graphs_repeats_and_a_thread_decodes_beside():
     import threading
     tiny = init_weights(tiny_model(seed=1), seed=1, std=0.3).to(DEV)
     jobs = [(_prompts(6, 1, 20, 250, seed=s), s) for s in (7, 8)]
-    alone = [generate(tiny, p, 24, temperature=1.0, seed=s) for p, s in jobs]
-    again = generate(tiny, jobs[0][0], 24, temperature=1.0, seed=7)
+    alone = [generate(tiny, p, 24, Sampling(1.0), seed=s) for p, s in jobs]
+    again = generate(tiny, jobs[0][0], 24, Sampling(1.0), seed=7)
     assert [x.tokens for x in again] == [x.tokens for x in alone[0]]
     assert [x.logprobs for x in again] == [x.logprobs for x in alone[0]]
     sessions, start = [], threading.Barrier(2)
@@ -363,7 +364,7 @@ def test_seeded_sampling_with_graphs_repeats_and_a_thread_decodes_beside():
         for _ in range(5):
             session = Session(tiny, 6, 64)
             sessions.append(session)
-            out.append(generate(tiny, jobs[i][0], 24, temperature=1.0, seed=jobs[i][1], session=session,
+            out.append(generate(tiny, jobs[i][0], 24, Sampling(1.0), seed=jobs[i][1], session=session,
                                 rows=list(range(6))))
     outs = [[], []]
     beside = threading.Thread(target=work, args=(1, outs[1]))

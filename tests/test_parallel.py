@@ -15,6 +15,7 @@ import parallel
 from model import generate, rope_inv_freq, token_logprobs
 from test_train import FAST, _torchrun, bound_loss, fixed_segments, read_metrics, single_process_update, strip_times
 from small.tiny import tiny_model
+from update import backward_micro_batches, micro_batches, pad_segments
 
 WORKER = "parallel_worker.py"
 
@@ -66,16 +67,16 @@ def test_bf16_update_gradients_equal_the_plain_autocast_recipe():
     loss_fn, clip = bound_loss("grpo")
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
     denoms = dict(num_seqs=float(len(segs)))
-    parallel.backward_micro_batches(holder, crl.Update(model, None, loss_fn, clip), segs, advs, denoms)
+    backward_micro_batches(holder, crl.Update(model, None, loss_fn, clip), segs, advs, denoms)
     ours = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    for idx in parallel.micro_batches([len(s.tokens) for s in segs], 2, None):
-        tokens, mask, old = parallel.pad_segments([segs[j] for j in idx], "cpu")
+    for idx in micro_batches([len(s.tokens) for s in segs], 2, None):
+        tokens, mask, old = pad_segments([segs[j] for j in idx], "cpu")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logp = token_logprobs(model, tokens, mask, allowed=[segs[j].allowed for j in idx])
         seq_tokens = torch.tensor([float(max(sum(segs[j].mask), 1)) for j in idx])
         loss_fn(logp, old, torch.tensor([advs[j] for j in idx]), mask, **denoms, seq_tokens=seq_tokens).backward()
-    assert len(parallel.micro_batches([len(s.tokens) for s in segs], 2, None)) == 3
+    assert len(micro_batches([len(s.tokens) for s in segs], 2, None)) == 3
     assert all(torch.equal(a, p.grad) for a, p in zip(ours, model.parameters()))
 
 

@@ -208,3 +208,20 @@ def test_race_counts_cispo_steps_lessons_and_the_gap_by_block():
             {"step": 3, "train/vault/success_exp": 0.0, "train/vault/success_noexp": 0.5, "lessons/right_written": 0.0}]
     assert reproduce.race(rows, "vault", 2)[2:] == ["| 0-1 | 1 (1) | 0.50 | +0.125 |",
                                                    "| 2-3 | 1 (2) | 0.50 | -0.500 |"]
+
+
+def test_replay_trains_a_runs_first_iterations_again_and_finds_a_changed_value(tmp_path, capsys):
+    """--replay: a recorded 3-iteration crl run (evaluated at iterations 0 and 2) replays its first 2 iterations
+    value for value, the replay's own evaluation at its last iteration aside; one recorded value changed in the
+    second iteration, and the replay names that step and key."""
+    run = tmp_path / "run"
+    train.main(["--tasks", "room", "--iters", "3", "--eval-every", "2", "--eval-episodes", "2", "--max-steps", "3",
+                "--groups", "2", "--extractor-batch", "2", "--warmup", "0", "--out", str(run)])
+    assert reproduce.replay(str(run), 2)
+    assert "first 2 iterations replay value for value" in capsys.readouterr().out
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert "eval/room/success_noexp" in rows[0] and "eval/room/success_noexp" not in rows[1]
+    rows[1]["reward"] += 0.125
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert not reproduce.replay(str(run), 2)
+    assert "step 1 differs" in capsys.readouterr().out

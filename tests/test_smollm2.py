@@ -13,6 +13,7 @@ import envs
 import model
 import train
 from model import Transformer, generate, load_tokenizer
+from sampling import Sampling
 from test_train import read_metrics
 
 PACKAGE, GGUF, _ = model.PACKAGED["smollm2"]
@@ -57,7 +58,7 @@ def test_logits_and_greedy_tokens_equal_transformers(reference, ours):
             want = hf(torch.tensor([ids])).logits[0]
             got = net(torch.tensor([ids]))[0].float()
         assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
-    out = generate(net, prompts, 16, temperature=0)   # stops at the config's eos, <|im_end|>, as HF's does
+    out = generate(net, prompts, 16, Sampling(0))   # stops at the config's eos, <|im_end|>, as HF's does
     for ids, sample in zip(prompts, out):
         ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                           max_new_tokens=16, do_sample=False, eos_token_id=tok.eos_token_id,

@@ -17,8 +17,10 @@ import prior
 import rundir
 import train
 from model import token_logprobs
-from small import grammar, presets
+from sampling import Sampling
+from small import presets
 from small.tiny import tiny_model
+from update import micro_batches, pad_segments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "1", "--extractor-batch", "2",
@@ -85,7 +87,7 @@ def test_first_ratio_is_one_on_policy():
     with torch.no_grad():
         for s in segs:
             mask = torch.tensor([s.mask])
-            lp = token_logprobs(actor, torch.tensor([s.tokens]), mask, temperature=0.8, top_k=5, allowed=[s.allowed])
+            lp = token_logprobs(actor, torch.tensor([s.tokens]), mask, Sampling(0.8, top_k=5), allowed=[s.allowed])
             assert torch.allclose(lp[mask], torch.tensor(s.logprobs)[mask[0]], atol=1e-4)
 
 
@@ -120,10 +122,8 @@ def test_each_update_recomputes_under_the_distribution_its_model_sampled_from(tm
     gaps = {}
 
     def check(run, update, segments, advantages):
-        tokens, mask, old = parallel.pad_segments(segments, "cpu")
-        s = update.sampling
-        logp = token_logprobs(update.model, tokens, mask, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                              allowed=[seg.allowed for seg in segments])
+        tokens, mask, old = pad_segments(segments, "cpu")
+        logp = token_logprobs(update.model, tokens, mask, update.sampling, allowed=[seg.allowed for seg in segments])
         who = "actor" if update.model is run.actor else "extractor"
         gaps[who] = max(gaps.get(who, 0.0), (logp - old)[mask].abs().max().item())
         return {}
@@ -428,97 +428,6 @@ def test_free_text_hf_checkpoints_with_search_and_ask(tmp_path, monkeypatch):
     assert run.cfg.free_text and run.cfg.extractor_free_text
 
 
-def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
-    """--lesson-moves: every extractor reply is `ADD: <plan>`, `UPDATE 1: <plan>` or NONE with the plan made
-    of the env's action words; it parses to that plan, and the sampler's log-probs under the grammar equal
-    the trainer's recomputation (the CISPO ratio starts at 1)."""
-    from model import load_tokenizer
-    tok = load_tokenizer("tiny")
-    extractor = tiny_model(seed=5)
-    cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_temperature=1.5,
-                        extractor_reply_tokens=64)
-    run = crl.Run(cfg, ["room"], 0, extractor, tok, None, extractor, tok, None, None)
-    run.timer = {"extractor": 0.0}
-    plans = grammar.task_plans(run, "room")
-    assert len(plans) == 8 + 64 and "southeast east" in plans
-    prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
-    out = crl.extractor_generate(run, [prompt] * 24, ["room"] * 24, crl.seeded_generator("cpu", 0, 1),
-                                 grammar.heads_for(run, [1] * 24, ["room"] * 24))
-    kinds = set()
-    for gen_id, reply in out:
-        ops, bad = crl.parse_operations(reply, shown=1)
-        assert bad == 0 and all(text in plans for _, _, text in ops)
-        kinds.add(ops[0][0] if ops else "none")
-    assert {"add", "update"} <= kinds
-    with torch.no_grad():
-        for g in run.generations.values():
-            tokens = torch.tensor([g.prompt + g.tokens])
-            mask = torch.tensor([[False] * len(g.prompt) + [True] * len(g.tokens)])
-            allowed = [{len(g.prompt) + j: a for j, a in enumerate(g.allowed) if a is not None}]
-            lp = token_logprobs(extractor, tokens, mask, temperature=1.5, allowed=allowed)
-            assert torch.allclose(lp[mask], torch.tensor(g.logprobs), atol=1e-4)
-
-
-def test_no_extractor_none_heads_always_write_a_lesson():
-    """--extractor-none never: a distilling tiny extractor's head is ADD or UPDATE, never NONE, with the lesson
-    grammar and with free lessons; a merge may still answer NONE (or keep one lesson: KEEP)."""
-    from model import load_tokenizer
-    tok = load_tokenizer("tiny")
-    prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
-    for moves in (1, 0):
-        cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=moves, extractor_none="never",
-                            extractor_reply_tokens=8, extractor_temperature=3.0)
-        run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
-        run.timer = {"extractor": 0.0}
-        out = crl.extractor_generate(run, [prompt] * 32, ["room"] * 32, crl.seeded_generator("cpu", 0, 3),
-                                     grammar.heads_for(run, [1] * 32, ["room"] * 32))
-        heads = {reply.split(" ")[0].rstrip(":") for _, reply in out}
-        assert heads == {"ADD", "UPDATE"}, heads
-        merge = grammar.heads_for(run, [2], ["room"], merge=True)[0]
-        merge_heads = {tok.decode(c, skip_special_tokens=True).split(" ")[0] for c in merge.completions}
-        assert merge_heads == {"UPDATE", "KEEP", "NONE"}
-
-
-def test_extractor_none_after_failure_only():
-    """--extractor-none failure: after a won episode the head is ADD or UPDATE, after a lost one NONE is open
-    too (and, sampled hot, taken); `always` opens NONE after both; the old boolean reads as always / never."""
-    from model import load_tokenizer
-    tok = load_tokenizer("tiny")
-    prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
-    won = [True] * 32 + [False] * 32
-    heads = {}
-    for none in ("failure", "always"):
-        cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=1, extractor_none=none,
-                            extractor_reply_tokens=8, extractor_temperature=3.0)
-        run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
-        run.timer = {"extractor": 0.0}
-        out = crl.extractor_generate(run, [prompt] * 64, ["room"] * 64, crl.seeded_generator("cpu", 0, 3),
-                                     grammar.heads_for(run, [1] * 64, ["room"] * 64, won=won))
-        heads[none] = [reply.split(" ")[0].rstrip(":") for _, reply in out]
-    assert "NONE" not in heads["failure"][:32] and "NONE" in heads["failure"][32:]
-    assert "NONE" in heads["always"][:32] and "NONE" in heads["always"][32:]
-    assert crl.CRLConfig(extractor_none=False).extractor_none == "never"
-    assert crl.CRLConfig(extractor_none=True).extractor_none == "always"
-
-
-def test_lesson_grammar_reply_is_never_cut():
-    """A merge reply under the grammar (`UPDATE 1,2,3,4,5: southeast east`) is longer than a small
-    --extractor-reply-tokens: it still ends as a whole plan, never a cut word such as `southe` (or is `KEEP i`)."""
-    from model import load_tokenizer
-    tok = load_tokenizer("tiny")
-    cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_reply_tokens=4)
-    run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=3), tok, None, None)
-    run.timer = {"extractor": 0.0}
-    plans = set(grammar.task_plans(run, "room"))
-    prompt = tok.encode("<|im_start|>user\nMerge<|im_end|>\n<|im_start|>assistant\n")
-    out = crl.extractor_generate(run, [prompt] * 16, ["room"] * 16, crl.seeded_generator("cpu", 0, 2),
-                                 grammar.heads_for(run, [5] * 16, ["room"] * 16, merge=True))
-    replies = [reply for _, reply in out]
-    whole = {"NONE"} | {f"KEEP {i}" for i in range(1, 6)}
-    assert all(r in whole or (r.startswith("UPDATE 1,2,3,4,5: ") and r.split(": ", 1)[1] in plans) for r in replies)
-    assert any(r.startswith("UPDATE") for r in replies)
-
-
 def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
     """--lesson-prior: after 100 supervised steps the fresh tiny actor plays the first move of the lesson in
     its prompt far above chance (1/8), while without a lesson its moves stay spread out (no move taught)."""
@@ -630,10 +539,10 @@ def test_bad_per_task_values_are_one_line_errors(capsys, value):
 
 def test_micro_batches_bound_sequences_and_padded_tokens():
     lengths = [30, 10, 20, 25, 5, 40]                 # sorted: 5, 10, 20, 25, 30, 40 (indices 4, 1, 2, 3, 0, 5)
-    assert parallel.micro_batches(lengths, 4, None) == [[4, 1, 2, 3], [0, 5]]
-    assert parallel.micro_batches(lengths, 4, 60) == [[4, 1, 2], [3, 0], [5]]   # 3 x 20 = 60; 2 x 30; 40 alone
-    assert parallel.micro_batches([20] * 4, 4, 60) == [[0, 1, 2], [3]]          # a fourth would pad to 80
-    assert parallel.micro_batches([100], 4, 50) == [[0]]                        # longer than the budget: alone
+    assert micro_batches(lengths, 4, None) == [[4, 1, 2, 3], [0, 5]]
+    assert micro_batches(lengths, 4, 60) == [[4, 1, 2], [3, 0], [5]]   # 3 x 20 = 60; 2 x 30; 40 alone
+    assert micro_batches([20] * 4, 4, 60) == [[0, 1, 2], [3]]          # a fourth would pad to 80
+    assert micro_batches([100], 4, 50) == [[0]]                        # longer than the budget: alone
 
 
 def test_a_token_budget_leaves_the_update_unchanged():

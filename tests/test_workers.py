@@ -8,7 +8,7 @@ import torch
 
 import crl
 import envs
-from test_paths import tiny_run
+from test_crl import tiny_run
 
 
 def play_both(task: str, seeds: list[int], workers: int, steps: int, **kw):

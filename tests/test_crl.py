@@ -1,6 +1,6 @@
-"""Paths of crl.py that the end-to-end runs rarely reach, each checked by its effect: an episode cut by the
-context limit ends as a failure, a non-finite loss skips the update and leaves the weights, evaluation plays
-held-out seeds and leaves the bank as it was, and `distill_choice` alternates outcomes."""
+"""crl.py, piece by piece, each checked by its effect, mostly paths the end-to-end runs rarely reach: an episode
+cut by the context limit ends as a failure, a non-finite loss skips the update and leaves the weights, evaluation
+plays held-out seeds and leaves the bank as it was, `distill_choice` alternates outcomes, the merge's rules."""
 import math
 import types
 
@@ -11,11 +11,11 @@ import torch
 import crl
 import envs
 import metrics
-import parallel
 from bank import ExperienceBank, ExperienceManager, Operation
 from model import load_tokenizer
 from test_bank import HashEmbedder
 from small.tiny import tiny_model
+from update import clip_and_step
 
 
 def tiny_run(manager=None, **settings) -> crl.Run:
@@ -47,7 +47,7 @@ def test_a_non_finite_loss_skips_the_update():
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     with pytest.warns(UserWarning, match="update skipped"):
-        out = parallel.clip_and_step(tiny_run(), model, opt, math.nan)
+        out = clip_and_step(tiny_run(), model, opt, math.nan)
     assert out == {"skipped": 1}
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())   # no stale gradient reaches the next step
@@ -88,13 +88,21 @@ def test_distill_choice_alternates_successes_and_failures():
     assert [e.seed for e in crl.distill_choice([ep(0, False), ep(1, False)], 1)] == [0]
 
 
+def lesson(i: int) -> str:
+    """A bank entry's text, long enough for a merge to keep (crl.lasting: over 30 characters)."""
+    return f"lesson {i}: try the door the last visit opened"
+
+
 def merge_bank(n: int):
-    """A manager whose bank holds `lesson 1` .. `lesson n` for room (sources 0 .. n-1), and their ids."""
+    """A manager whose bank holds `lesson(1)` .. `lesson(n)` for room (sources 0 .. n-1), and their ids."""
     emb = HashEmbedder()
     manager = ExperienceManager(ExperienceBank(emb.dim), emb, sync=True)
-    texts = [f"lesson {i}" for i in range(1, n + 1)]
+    texts = [lesson(i) for i in range(1, n + 1)]
     ids = manager.apply([Operation("add", "room", t, key=emb([t])[0], source=i) for i, t in enumerate(texts)])
     return manager, ids, emb
+
+
+MERGED, CLEARER = "doors merged: try the door the lessons name", "lesson one, clearer: the door that opened"
 
 
 def scripted_merge(monkeypatch, run, replies: list[tuple[int, str]]) -> list[list[str]]:
@@ -122,23 +130,23 @@ def test_a_merge_reply_is_the_new_list_and_the_whole_list_rolls_on(monkeypatch):
     manager.record_use([ids[2]], True)
     manager.bank.count_shown([ids[2]], 3)
     run = tiny_run(manager, merge_size=3, extractor_free_text=True)
-    call_2 = "<answer>UPDATE 1,3: four and one\nKEEP 4\nADD: something new</answer>"
-    shown = scripted_merge(monkeypatch, run, [(100, "UPDATE 1: lesson one, clearer\nKEEP 3"), (101, call_2)])
+    call_2 = f"<answer>UPDATE 1,3: {MERGED}\nKEEP 4\nADD: something new</answer>"
+    shown = scripted_merge(monkeypatch, run, [(100, f"UPDATE 1: {CLEARER}\nKEEP 3"), (101, call_2)])
     ops = crl.merge_pass(run, 4, None)
-    assert shown == [["[1] lesson 1", "[2] lesson 2", "[3] lesson 3"],
-                     ["[1] lesson 4", "[2] lesson 5", "[3] lesson one, clearer", "[4] lesson 3"]]
+    assert shown == [[f"[{i}] {lesson(i)}" for i in (1, 2, 3)],
+                     [f"[1] {lesson(4)}", f"[2] {lesson(5)}", f"[3] {CLEARER}", f"[4] {lesson(3)}"]]
     assert [(op.kind, op.text, op.ids, op.source, op.step) for op in ops] == [
-        ("remove", "", tuple(ids), -1, 4), ("add", "four and one", (ids[3], ids[0]), 101, 4),
-        ("add", "lesson 3", (ids[2],), 101, 4)]
+        ("remove", "", tuple(ids), -1, 4), ("add", MERGED, (ids[3], ids[0]), 101, 4),
+        ("add", lesson(3), (ids[2],), 101, 4)]
     assert (run.counters["merges"], run.counters["discards"], run.counters["parse_failures"]) == (2, 2, 1)
     crl.apply_everywhere(run, ops)
     entries = manager.bank.entries("room")
     assert [(e.text, e.source, e.uses, e.successes, e.shown, e.created, e.origin) for e in entries] == [
-        ("four and one", 101, 0, 0, 0, 4, -1), ("lesson 3", 101, 0, 0, 0, 4, -1)]
+        (MERGED, 101, 0, 0, 0, 4, -1), (lesson(3), 101, 0, 0, 0, 4, -1)]
     assert min(e.id for e in entries) > max(ids)
-    merged = emb(["lesson 4", "lesson 1"]).mean(0)
+    merged = emb([lesson(4), lesson(1)]).mean(0)
     assert torch.allclose(manager.bank.key(entries[0].id), merged / merged.norm(), atol=1e-6)
-    assert torch.allclose(manager.bank.key(entries[1].id), emb(["lesson 3"])[0], atol=1e-6)
+    assert torch.allclose(manager.bank.key(entries[1].id), emb([lesson(3)])[0], atol=1e-6)
 
 
 def test_a_failed_merge_reply_keeps_its_chunk_and_the_chain_starts_afresh(monkeypatch):
@@ -149,33 +157,40 @@ def test_a_failed_merge_reply_keeps_its_chunk_and_the_chain_starts_afresh(monkey
     manager, ids, emb = merge_bank(7)
     manager.record_use([ids[4]], True)
     run = tiny_run(manager, merge_size=3, extractor_free_text=True)
-    shown = scripted_merge(monkeypatch, run, [(100, "UPDATE 1,2,3: one to three"), (101, "I cannot say"),
+    shown = scripted_merge(monkeypatch, run, [(100, f"UPDATE 1,2,3: {MERGED}"), (101, "I cannot say"),
                                               (102, "NONE")])
     ops = crl.merge_pass(run, 4, None)
-    assert shown == [["[1] lesson 1", "[2] lesson 2", "[3] lesson 3"],
-                     ["[1] lesson 4", "[2] lesson 5", "[3] lesson 6", "[4] one to three"], ["[1] lesson 7"]]
+    assert shown == [[f"[{i}] {lesson(i)}" for i in (1, 2, 3)],
+                     [f"[1] {lesson(4)}", f"[2] {lesson(5)}", f"[3] {lesson(6)}", f"[4] {MERGED}"],
+                     [f"[1] {lesson(7)}"]]
     assert [(op.kind, op.text, op.ids, op.source) for op in ops] == [
-        ("remove", "", tuple(ids[:3]), -1), ("add", "one to three", tuple(ids[:3]), 100)]
+        ("remove", "", tuple(ids[:3]), -1), ("add", MERGED, tuple(ids[:3]), 100)]
     assert (run.counters["merges"], run.counters["discards"], run.counters["parse_failures"]) == (1, 0, 1)
     crl.apply_everywhere(run, ops)
     assert [(e.id, e.text, e.source, e.uses) for e in manager.bank.entries("room")] == [
-        (ids[3], "lesson 4", 3, 0), (ids[4], "lesson 5", 4, 1), (ids[5], "lesson 6", 5, 0), (ids[6], "lesson 7", 6, 0),
-        (ids[6] + 1, "one to three", 100, 0)]
-    key = emb(["lesson 1", "lesson 2", "lesson 3"]).mean(0)
+        (ids[3], lesson(4), 3, 0), (ids[4], lesson(5), 4, 1), (ids[5], lesson(6), 5, 0), (ids[6], lesson(7), 6, 0),
+        (ids[6] + 1, MERGED, 100, 0)]
+    key = emb([lesson(1), lesson(2), lesson(3)]).mean(0)
     assert torch.allclose(manager.bank.key(ids[6] + 1), key / key.norm(), atol=1e-6)
 
 
-def test_a_constrained_merge_lists_one_lesson_or_none():
-    """A small extractor's merge heads (small/grammar.py) under the lesson grammar: every whole reply it can
-    write is a list crl.MergeChain reads: all shown merged into one plan, one shown lesson kept, or NONE."""
-    from small.grammar import operation_heads
-    tok = load_tokenizer("tiny")
-    heads = operation_heads(tok, 3, merge=True, plans=("east", "west"))
-    replies = {tok.decode(c, skip_special_tokens=True) for c in heads.completions}
-    assert replies == {"UPDATE 1,2,3: east", "UPDATE 1,2,3: west", "KEEP 1", "KEEP 2", "KEEP 3", "NONE"}
-    lists = {r: crl.parse_operations(r, 3, 3, merge=True) for r in replies}
-    assert lists["KEEP 2"] == ([("keep", (2,), "")], 0) and lists["NONE"] == ([], 0)
-    assert lists["UPDATE 1,2,3: west"] == ([("update", (1, 2, 3), "west")], 0)
+def test_a_merge_drops_short_items_and_stubs_and_a_reply_left_with_none_keeps_its_chunk(monkeypatch):
+    """[release] A merge's item lasts only over 30 characters and when it is no template stub. 4 entries, chunks
+    of 2. Call 1 (100) merges entries 1 and 2 into `north` (dropped) and keeps entry 2: entry 1 is gone, entry
+    2 carried. Call 2 (101) sees entries 3 and 4 and that lesson, and lists only a stub and `east`: nothing
+    lasts, so its chunk stays as the bank holds it and call 1's list is written as call 1 left it."""
+    assert not crl.lasting("north") and not crl.lasting(" " + "x" * 30 + " ") and crl.lasting("x" * 31)
+    for stub in ("<the merged lesson goes here, in full>", "Your comprehensive knowledge of these doors",
+                 "[placeholder for the merged lesson text]", "Second merged knowledge item, about doors"):
+        assert len(stub) > 30 and not crl.lasting(stub)
+    manager, ids, emb = merge_bank(4)
+    run = tiny_run(manager, merge_size=2, extractor_free_text=True)
+    scripted_merge(monkeypatch, run, [(100, "UPDATE 1,2: north\nKEEP 2"),
+                                      (101, "UPDATE 1,2,3: <the merged lesson goes here, in full>\nUPDATE 1: east")])
+    ops = crl.merge_pass(run, 4, None)
+    assert [(op.kind, op.text, op.ids, op.source) for op in ops] == [
+        ("remove", "", tuple(ids[:2]), -1), ("add", lesson(2), (ids[1],), 100)]
+    assert (run.counters["merges"], run.counters["discards"]) == (1, 1)
 
 
 def test_train_instances_draw_from_a_fixed_pool():
