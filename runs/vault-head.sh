@@ -4,10 +4,11 @@
 # head start, the actor frozen for its first 150 of 300 iterations (pilot seeds 0 and 4: lessons right 0.97 / 0.56
 # at iterations 90-120, 1.00 / 0.95 at 120-150, chosen on training metrics alone). Scored on the held-out vaults
 # with balanced doors and names training never draws, 3 attempts each from an empty bank.
-# The ceiling first in each seed (oracle: static with the scripted extractor, every lesson right), then grpo, crl
-# (with --head-start 150; the table's `crl` row), static, exp-only; crl, grpo and static x 8 seeds, oracle and
-# exp-only x 5. Seeds outermost, so every mode gets its first seed early; finished cells are skipped, a cell with a
-# checkpoint resumes, so the grid accumulates across sittings.
+# The ceiling first: the oracle (static with the scripted extractor, every lesson right) and grpo, 5 seeds each
+# (CEILING_ONLY=1 stops there); then crl (with --head-start 150; the table's `crl` row), static and exp-only, seed by
+# seed: crl, grpo and static x 8 seeds, oracle and exp-only x 5. Finished cells are skipped and a cell with a
+# checkpoint resumes, so the grid accumulates across sittings. Seed 0 of oracle, grpo and crl ran seeds-outermost
+# (a49a373's order) before the ceiling was put first.
 # Usage, from anywhere: bash runs/vault-head.sh [ROOT] [JOBS]   writes ROOT/vault-head/ (default ROOT: runs/rebuild;
 # ROOT `results` resumes the committed record; JOBS cells side by side, default 1: the 2-core CPU 1, a GPU about 10).
 set -euo pipefail
@@ -23,10 +24,16 @@ grid() {   # MODES SEEDS [TRAIN FLAGS...]: those modes' seeds 0..SEEDS-1, throug
     python reproduce.py --tasks vault --results "$OUT" --modes "$modes" --seeds "$seeds" --iters ${ITERS:-300} \
         --final-episodes ${FINAL:-256} --jobs "$JOBS" -- $FLAGS "$@"
 }
-# one cell at a time: seed by seed; side by side: each mode's seeds together, so JOBS of them run at once
+# the ceiling first (issue 56: if the oracle is not above GRPO at attempt 3 over 5 seeds, the rest is not run):
+# oracle and grpo seed by seed, then the other modes; side by side, each mode's seeds together (JOBS at once)
+[ "$JOBS" -gt 1 ] && FIRST=5 || FIRST="1 2 3 4 5"
 [ "$JOBS" -gt 1 ] && SEEDS=8 || SEEDS="1 2 3 4 5 6 7 8"
+for k in $FIRST; do
+    grid oracle $k
+    grid grpo $k
+done
+[ "${CEILING_ONLY:-0}" = 1 ] && exit 0
 for k in $SEEDS; do
-    grid oracle $((k < 5 ? k : 5))
     grid grpo $k
     grid crl $k --head-start 150
     grid static $k
