@@ -590,10 +590,10 @@ def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, samp
                    allowed: list | None = None, chunk_size=1024) -> torch.Tensor:
     """fp32 [B, T]: out[b, t] = log p(tokens[b, t] | tokens[b, :t]) where mask[b, t] and t >= 1, else 0;
     differentiable. `tokens` are right-padded. The distribution is the sampler's (`sampling`), with
-    `allowed[b][t]` (allowed ids for the token at index t of row b, i.e. a
-    sampled token's Sample.allowed entry at its position in the sequence), so on-policy this reproduces
-    Sample.logprobs. Only the masked positions go through lm_head, `chunk_size` rows at a time under
-    activation checkpointing, so neither forward nor backward holds full-vocabulary logits for the batch."""
+    `allowed[b][t]` (allowed ids for the token at index t of row b, i.e. a sampled token's Sample.allowed entry
+    at its position in the sequence), so on-policy this reproduces Sample.logprobs. Only the masked positions go
+    through lm_head, `chunk_size` rows at a time under activation checkpointing, so neither forward nor backward
+    holds full-vocabulary logits for the batch."""
     if tokens.dim() != 2 or mask.shape != tokens.shape:
         raise ValueError(f"tokens and mask must both be [B, T]; got {tuple(tokens.shape)} and {tuple(mask.shape)}")
     if allowed is not None and len(allowed) != tokens.shape[0]:
