@@ -12,6 +12,11 @@
 # before the calls take them out of the index (git rm -r -q --cached results data/alfworld-games.tar.xz; printf
 # '/results/\n/data/alfworld-games.tar.xz\n' >> .git/info/exclude), and after them put them back (git reset -q; drop
 # the two lines from .git/info/exclude). data/webshop stays: webshop.py reads it when envs.py is imported.
+# The calls, back to back (a warm machine goes back after 30 s idle): run `bash runs/gpu-carry.sh keep` carrying
+# .gpu/p0, then .gpu/p1, then with .gpu/p2: `bash runs/gpu-carry.sh keep && source runs/gpu-carry.sh install &&
+# export OMP_NUM_THREADS=1 && timeout 480 bash runs/vault-head.sh /tmp/g 5 > $OUT/log 2>&1; cd /tmp/g && find
+# vault-head -type f -size -3M -not -path '*ckpt*' | tar -czf $OUT/cells.tgz -T -` (never `pkill -f train.py` in
+# that command: it matches the command's own shell and ends it before the tar).
 case "${1:-}" in
 pack)
     set -euo pipefail
