@@ -15,7 +15,10 @@ and replays them all with one launch.
   - a graph holds the addresses and strides of the cache it was captured on: the Session drops the graphs
     when its cache grows (`clear`), and they are captured again on demand.
 A replay's output buffer is overwritten by the next replay; `run` returns a view the caller uses at once.
+A capture the driver refuses (an unsupported call inside the step, say) costs no run: `run` says so in one line
+and decodes eagerly, and every Session made after it in this process decodes eagerly from the start.
 """
+import sys
 import threading
 
 import torch
@@ -25,7 +28,10 @@ def default_on(device) -> bool:
     """Whether a Session replays graphs unless told: on CUDA, in the main thread only. The background
     distillation (another thread) decodes eagerly: once in about twenty runs of two threads capturing at the
     same time, a capture was invalidated."""
-    return device.type == "cuda" and threading.current_thread() is threading.main_thread()
+    return device.type == "cuda" and threading.current_thread() is threading.main_thread() and not capture_failed
+
+
+capture_failed = False   # set by the first capture that raised: this process decodes eagerly from then on
 
 
 def bucket(n: int) -> int:
@@ -40,6 +46,7 @@ class DecodeGraphs:
         self.body, self.scratch = body, scratch_row
         self.graphs = {}      # bucket -> (graph, rows buffer, tokens buffer, hidden-state output)
         self.replays = 0
+        self.eager = False    # a capture failed: every step runs `body` eagerly
         self.stream = None    # this object's own capture stream: two threads may capture at once
 
     def clear(self):
@@ -47,8 +54,19 @@ class DecodeGraphs:
 
     def run(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         n, size = len(rows), bucket(len(rows))
+        if self.eager:
+            return self.body(rows, tokens)
         if size not in self.graphs:
-            self.graphs[size] = self.capture(size, rows.device)
+            try:
+                self.graphs[size] = self.capture(size, rows.device)
+            except RuntimeError as e:   # the warm-up and the capture write only the scratch row: nothing to undo
+                global capture_failed
+                if not capture_failed:
+                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    print(f"warning: a CUDA graph capture failed ({why}); decoding eagerly from here on",
+                          file=sys.stderr)
+                capture_failed = self.eager = True
+                return self.body(rows, tokens)
         graph, rows_in, tokens_in, hidden = self.graphs[size]
         rows_in.fill_(self.scratch)
         rows_in[:n] = rows

@@ -461,6 +461,24 @@ def test_decode_graphs_pad_replay_and_recapture_like_eager(tiny, monkeypatch):
     assert [cudagraphs.bucket(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20, 33)] == [1, 2, 4, 8, 8, 16, 16, 32, 32, 48]
 
 
+def test_a_failed_capture_decodes_eagerly_says_so_once_and_later_sessions_skip_graphs(tiny, monkeypatch, capsys):
+    """A capture the driver refuses must not end a run: the Session decodes eagerly (the same tokens as an eager
+    Session), one line says so, and every Session made afterwards in the process decodes eagerly from the start."""
+    import cudagraphs
+    tries = []
+
+    def capture(self, size, device):
+        tries.append(size)
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+    monkeypatch.setattr(cudagraphs, "capture_failed", False)
+    monkeypatch.setattr(cudagraphs.DecodeGraphs, "capture", capture)
+    graph, decodes, _ = graph_vs_eager(tiny)
+    assert tries == [8] and graph.graphs.replays == 0 and graph.graphs.eager   # tried once, then eager
+    err = capsys.readouterr().err
+    assert err.count("warning: a CUDA graph capture failed (operation not permitted") == 1 and "more detail" not in err
+    assert not cudagraphs.default_on(torch.device("cuda"))
+
+
 def test_decode_graphs_default_to_cuda_and_the_main_thread():
     """A Session replays graphs unless told otherwise only on CUDA and in the main thread; the background
     distillation's thread decodes eagerly."""
