@@ -9,4 +9,5 @@ OUT=$ROOT/gpu
 mkdir -p "$OUT"
 python -m pytest -q tests/test_gpu.py 2>&1 | tail -3 > "$OUT/tests.txt" || true
 python bench.py gpu > "$OUT/bench.txt"
+python bench.py kernels > "$OUT/kernels.txt"   # the kernels against torch; decode attention split or not, against its roof
 python -m probes.gpu_profile > "$OUT/profile.txt"

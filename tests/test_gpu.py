@@ -149,6 +149,24 @@ def test_decode_attention(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@cuda
+def test_decode_attention_splits_long_caches(dtype):
+    """SmolLM2's heads at batch 16 on a 4096-position cache: split_count cuts each row into slices (4 on a GPU of
+    64 or more SMs), every row a different length, slots past it NaN; the same numbers as the reference."""
+    g = torch.Generator().manual_seed(8)
+    k, v = randn(16, 3, 4096, 64, g=g, dtype=dtype), randn(16, 3, 4096, 64, g=g, dtype=dtype)
+    q = randn(16, 9, 64, g=g, dtype=dtype)
+    rows_t = torch.arange(15, -1, -1, device=DEV)
+    lengths_t = torch.tensor([1, 63, 64, 65, 1023, 1024, 1025, 2048, 3000, 4095, 4096, 7, 500, 2500, 3500, 4000],
+                             device=DEV)
+    expected = da.decode_attention_ref(q, k, v, rows_t, lengths_t)
+    for r, n in zip(rows_t.tolist(), lengths_t.tolist()):
+        k[r, :, n:], v[r, :, n:] = float("nan"), float("nan")
+    assert da.split_count(16 * 3, 4096, torch.cuda.get_device_properties(DEV).multi_processor_count) > 1
+    close(da.decode_attention_triton(q, k, v, rows_t, lengths_t), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,V,block", [(6, 1000, None), (6, 1000, 256), (64, 151936, None)])
 @cuda
 def test_selective_log_softmax_forward_and_backward(dtype, N, V, block):
