@@ -478,7 +478,7 @@ def bench_kernels(a):
     if not torch.cuda.is_available():
         print("bench kernels: skipped, the Triton kernels need a CUDA device (CPU runs use the torch references)")
         return
-    from kernels.decode_attention import decode_attention_ref, decode_attention_triton, split_count
+    from kernels.decode_attention import decode_attention_ref, decode_attention_triton, sm_count, split_count
     from kernels.logsoftmax import selective_log_softmax_ref, selective_log_softmax_triton
     from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
     from kernels.rope import apply_rope_ref, apply_rope_triton
@@ -519,7 +519,7 @@ def bench_kernels(a):
         split = ms(lambda: decode_attention_triton(q, kc, vc, rows, lengths))
         print(f"decode attn B16 Hq9 Hkv3 L={n} D64 bf16: one program a row {one:.4f} ms ({one / roof:.1f}x roof), "
               f"split {split:.4f} ms ({split / roof:.1f}x roof, "
-              f"{split_count(48, n, torch.cuda.get_device_properties(0).multi_processor_count)} slices); "
+              f"{split_count(48, n, sm_count(kc.device))} slices); "
               f"roof {roof:.4f} ms")
     logits = torch.randn(4096, 151936, device=dev, dtype=bf, requires_grad=True)
     t = torch.randint(0, 151936, (4096,), device=dev)

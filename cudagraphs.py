@@ -53,6 +53,7 @@ class DecodeGraphs:
         self.graphs.clear()
 
     def run(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        global capture_failed
         n, size = len(rows), bucket(len(rows))
         if self.eager:
             return self.body(rows, tokens)
@@ -60,7 +61,6 @@ class DecodeGraphs:
             try:
                 self.graphs[size] = self.capture(size, rows.device)
             except RuntimeError as e:   # the warm-up and the capture write only the scratch row: nothing to undo
-                global capture_failed
                 if not capture_failed:
                     why = str(e).splitlines()[0] if str(e) else type(e).__name__
                     print(f"warning: a CUDA graph capture failed ({why}); decoding eagerly from here on",

@@ -146,7 +146,7 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         return (acc * w[..., None]).sum(-2) / (l * w).sum(-1)[..., None]
 
     @functools.cache
-    def _sm_count(device: torch.device) -> int:
+    def sm_count(device: torch.device) -> int:
         return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
     def split_count(programs: int, capacity: int, sms: int, min_positions: int = 1024) -> int:
@@ -181,7 +181,7 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
             return out
         group, block_n, capacity = Hq // Hkv, block_n or 64, k_cache.shape[2]
         block_g, block_d = max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(D))
-        splits = splits or split_count(B * Hkv, capacity, _sm_count(q.device))
+        splits = splits or split_count(B * Hkv, capacity, sm_count(q.device))
         split_len = triton.cdiv(triton.cdiv(capacity, splits), block_n) * block_n
         splits = triton.cdiv(capacity, split_len)
         if splits > 1:
@@ -193,7 +193,7 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
             q, k_cache, v_cache, rows.contiguous(), lengths.contiguous(), acc, m, l, scale, group, D, split_len,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), acc.stride(0), acc.stride(1),
-            acc.stride(2) if splits > 1 else 0, m.stride(0), m.stride(1),
+            acc.stride(2), m.stride(0), m.stride(1),   # unsplit: acc, m and l are `out`, their strides unused
             BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SPLIT=splits > 1)
         if splits > 1:

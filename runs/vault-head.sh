@@ -7,11 +7,11 @@
 # The ceiling first: the oracle (static with the scripted extractor, every lesson right) and grpo, 5 seeds each
 # (CEILING_ONLY=1 stops there); then crl (with --head-start 150; the table's `crl` row), static and exp-only, seed by
 # seed: crl, grpo and static x 8 seeds, oracle and exp-only x 5. Finished cells are skipped and a cell with a
-# checkpoint resumes, so the grid accumulates across runs of the script. Seed 0 of oracle, grpo and crl ran seeds-outermost
-# (a49a373's order) before the ceiling was put first.
+# checkpoint resumes, so the grid accumulates across runs of the script. Seed 0 of oracle, grpo and crl ran
+# seeds-outermost (a49a373's order) before the ceiling was put first.
 # Usage, from anywhere: bash runs/vault-head.sh [ROOT] [JOBS]   writes ROOT/vault-head/ (default ROOT: runs/rebuild;
-# ROOT `results` resumes the committed record; JOBS cells side by side, default 1: the 2-core CPU 1, an H200 5 (10 ran out of its
-# 140 GB: a SmolLM2 cell holds 11-16 GB)).
+# ROOT `results` resumes the committed record; JOBS cells side by side, default 1: the 2-core CPU 1, an H200 5
+# (10 ran out of its 140 GB: a SmolLM2 cell holds 11-16 GB)).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}

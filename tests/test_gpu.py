@@ -162,7 +162,7 @@ def test_decode_attention_splits_long_caches(dtype):
     expected = da.decode_attention_ref(q, k, v, rows_t, lengths_t)
     for r, n in zip(rows_t.tolist(), lengths_t.tolist()):
         k[r, :, n:], v[r, :, n:] = float("nan"), float("nan")
-    assert da.split_count(16 * 3, 4096, torch.cuda.get_device_properties(DEV).multi_processor_count) > 1
+    assert da.split_count(16 * 3, 4096, da.sm_count(k.device)) > 1
     close(da.decode_attention_triton(q, k, v, rows_t, lengths_t), expected, dtype)
 
 
