@@ -3,12 +3,9 @@ ragged cache lengths, rows addressed by index into a preallocated cache).
 
 `decode_attention_ref` is the spec (plain torch); `decode_attention_sdpa` the same through torch's fused
 attention (the CPU path in bf16); `decode_attention_triton` runs one Triton program per
-(query row, kv head, split) that serves all the query heads sharing that kv head, so each cache block is read
-once per group, and walks its share of the row's valid cache in blocks with an online softmax and matrix-unit dot
-products. Long caches are split across programs (flash-decoding): with one program a row, a batch of 16 rows of
-SmolLM2 (3 kv heads) is 48 programs on a GPU of 132 SMs, each walking every position alone; split, each program
-walks a slice and a small torch step merges the slices' softmaxes. `decode_attention` (imported by model.py)
-picks between them.
+(query row, kv head) that serves all the query heads sharing that kv head, so each cache block is read
+once per group, and walks the row's valid cache in blocks with an online softmax and matrix-unit dot
+products (flash-decoding style, without the split across programs). `decode_attention` (imported by model.py) picks between them.
 """
 import functools
 import math
@@ -85,24 +82,20 @@ class ReadSpan:
 
 if triton is not None:  # the Triton half; absent where Triton is not installed
     @triton.jit
-    def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, lengths_ptr, o_ptr, m_ptr, l_ptr, scale,
-                                 GROUP, D, SPLIT_LEN,
-                                 sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh, sos, smb, smh,
+    def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, lengths_ptr, o_ptr, scale,
+                                 GROUP, D,
+                                 sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh,
                                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 PRECISION: tl.constexpr, SPLIT: tl.constexpr):
-        """Program (b, kv head j, split i): q heads j*GROUP .. j*GROUP+GROUP-1 form a [BLOCK_G, BLOCK_D] tile
-        (padded to the 16 rows a matrix instruction needs), over cache positions [i*SPLIT_LEN, (i+1)*SPLIT_LEN)
-        of the row (SPLIT_LEN a multiple of BLOCK_N). For each block of BLOCK_N cache positions the scores
+                                 PRECISION: tl.constexpr):
+        """Program (b, kv head j): q heads j*GROUP .. j*GROUP+GROUP-1 form a [BLOCK_G, BLOCK_D] tile (padded to
+        the 16 rows a matrix instruction needs). For each block of BLOCK_N cache positions the scores
         [BLOCK_G, BLOCK_N] and the weighted values are two tl.dot products around the usual online softmax
         (running max m, normaliser l, accumulator). The operands are fp32 (Triton's interpreter miscomputes
         bf16 dots): tf32 for a bf16 cache, whose values tf32 holds exactly, IEEE fp32 for an fp32 one.
         Padded lanes load zeros and are never stored; positions past the row's length get a score of -inf. The
-        head dim is assumed contiguous (stride 1) in q, k, v and o. Without SPLIT (one split) the program stores
-        the normalised output; with it, the unnormalised accumulator and its m and l, which `_merge_splits`
-        merges (a split past the row's length stores m = -inf, l = 0, acc = 0: weight 0)."""
+        head dim is assumed contiguous (stride 1) in q, k, v and o."""
         b = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1).to(tl.int64)
-        split = tl.program_id(2).to(tl.int64)
         row = tl.load(rows_ptr + b).to(tl.int64)
         length = tl.load(lengths_ptr + b)
         g = tl.arange(0, BLOCK_G)
@@ -116,52 +109,28 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-        lo = split * SPLIT_LEN
-        hi = tl.minimum(length, lo + SPLIT_LEN)
-        for start in range(lo, hi, BLOCK_N):
+        for start in range(0, length, BLOCK_N):
             pos = start + n
-            kv_mask = (pos[:, None] < hi) & (d[None, :] < D)
+            kv_mask = (pos[:, None] < length) & (d[None, :] < D)
             k = tl.load(k_row + pos[:, None] * skn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             v = tl.load(v_row + pos[:, None] * svn + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale   # [BLOCK_G, BLOCK_N]
-            s = tl.where(pos[None, :] < hi, s, float("-inf"))
+            s = tl.where(pos[None, :] < length, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds at least one valid position
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
             m = m_new
-        if SPLIT:
-            tl.store(o_ptr + b * sob + q_heads[:, None] * soh + split * sos + d[None, :], acc, mask=q_mask)
-            tl.store(m_ptr + b * smb + q_heads * smh + split, m, mask=g < GROUP)
-            tl.store(l_ptr + b * smb + q_heads * smh + split, l, mask=g < GROUP)
-        else:
-            out = acc / l[:, None]
-            tl.store(o_ptr + b * sob + q_heads[:, None] * soh + d[None, :], out.to(o_ptr.dtype.element_ty),
-                     mask=q_mask)
-
-    def _merge_splits(acc, m, l):
-        """acc [B, Hq, S, D], m and l [B, Hq, S]: each split's softmax rescaled to the row's running maximum."""
-        w = torch.exp(m - m.amax(-1, keepdim=True))   # a split with no position: exp(-inf) = 0
-        return (acc * w[..., None]).sum(-2) / (l * w).sum(-1)[..., None]
-
-    @functools.cache
-    def sm_count(device: torch.device) -> int:
-        return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-    def split_count(programs: int, capacity: int, sms: int, min_positions: int = 1024) -> int:
-        """Splits of each row's cache: enough programs to cover the GPU's SMs twice, none shorter than
-        `min_positions` (a cache under twice that is one program a row, as before the split existed). From the
-        cache's capacity, not the rows' lengths, so a captured decode graph holds for every step on that cache."""
-        return max(1, min(-(-2 * sms // programs), capacity // min_positions))
+        out = acc / l[:, None]
+        tl.store(o_ptr + b * sob + q_heads[:, None] * soh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask)
 
 
     def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 rows: torch.Tensor, lengths: torch.Tensor, scale: float | None = None,
-                                *, block_n: int | None = None, splits: int | None = None) -> torch.Tensor:
+                                *, block_n: int | None = None) -> torch.Tensor:
         """Same contract as decode_attention_ref (every length must be >= 1). `block_n` overrides the number of
-        cache positions per step (a power of two, at least 16; default 64), `splits` the number of slices each
-        row's cache is cut into (default `split_count`'s)."""
+        cache positions per step (a power of two, at least 16; default 64)."""
         if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
             raise ValueError(f"decode_attention: expected q [B, Hq, D] and k/v caches [Bmax, Hkv, L, D] of one shape, "
                              f"got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
@@ -179,25 +148,14 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
         if B == 0:
             return out
-        group, block_n, capacity = Hq // Hkv, block_n or 64, k_cache.shape[2]
+        group = Hq // Hkv
         block_g, block_d = max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(D))
-        splits = splits or split_count(B * Hkv, capacity, sm_count(q.device))
-        split_len = triton.cdiv(triton.cdiv(capacity, splits), block_n) * block_n
-        splits = triton.cdiv(capacity, split_len)
-        if splits > 1:
-            acc = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
-            m, l = (torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device) for _ in range(2))
-        else:
-            acc = m = l = out
-        _decode_attention_kernel[(B, Hkv, splits)](
-            q, k_cache, v_cache, rows.contiguous(), lengths.contiguous(), acc, m, l, scale, group, D, split_len,
+        _decode_attention_kernel[(B, Hkv)](
+            q, k_cache, v_cache, rows.contiguous(), lengths.contiguous(), out, scale, group, D,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), acc.stride(0), acc.stride(1),
-            acc.stride(2), m.stride(0), m.stride(1),   # unsplit: acc, m and l are `out`, their strides unused
-            BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SPLIT=splits > 1)
-        if splits > 1:
-            out.copy_(_merge_splits(acc, m, l))
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+            BLOCK_G=block_g, BLOCK_N=block_n or 64, BLOCK_D=block_d,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         return out
 
 

@@ -150,9 +150,9 @@ def test_decode_attention(dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @cuda
-def test_decode_attention_splits_long_caches(dtype):
-    """SmolLM2's heads at batch 16 on a 4096-position cache: split_count cuts each row into slices (4 on a GPU of
-    64 or more SMs), every row a different length, slots past it NaN; the same numbers as the reference."""
+def test_decode_attention_long_cache(dtype):
+    """SmolLM2's heads at batch 16 on a 4096-position cache, every row a different length, slots past it NaN:
+    the same numbers as the reference."""
     g = torch.Generator().manual_seed(8)
     k, v = randn(16, 3, 4096, 64, g=g, dtype=dtype), randn(16, 3, 4096, 64, g=g, dtype=dtype)
     q = randn(16, 9, 64, g=g, dtype=dtype)
@@ -162,7 +162,6 @@ def test_decode_attention_splits_long_caches(dtype):
     expected = da.decode_attention_ref(q, k, v, rows_t, lengths_t)
     for r, n in zip(rows_t.tolist(), lengths_t.tolist()):
         k[r, :, n:], v[r, :, n:] = float("nan"), float("nan")
-    assert da.split_count(16 * 3, 4096, da.sm_count(k.device)) > 1
     close(da.decode_attention_triton(q, k, v, rows_t, lengths_t), expected, dtype)
 
 

@@ -206,34 +206,6 @@ def test_decode_attention_never_reads_past_length():
     close(da.decode_attention_triton(q, k, v, rows, lengths, block_n=16), expected, torch.float32)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("splits", [2, 3])   # 40 positions in slices of 32 or 16 (block 16): rows of length 1
-@interpreted                                 # and 5 leave later slices empty, 33 reaches the last one
-def test_decode_attention_split_across_programs_merges_like_one(dtype, splits):
-    """Each row's cache cut into slices, one program each, the slices' softmaxes merged: the reference's numbers,
-    with slots past each length NaN (a slice must not read past its row's length either)."""
-    g = torch.Generator().manual_seed(7)
-    k, v = _cache(g, dtype)
-    q = torch.randn(3, 4, 24, generator=g).to(dtype)
-    rows, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 5, 33])
-    expected = da.decode_attention_ref(q, k, v, rows, lengths)
-    for r, n in zip(rows.tolist(), lengths.tolist()):
-        k[r, :, n:], v[r, :, n:] = float("nan"), float("nan")
-    out = da.decode_attention_triton(q, k, v, rows, lengths, block_n=16, splits=splits)
-    assert out.dtype == dtype and out.shape == q.shape
-    close(out, expected, dtype)
-
-
-@needs_triton
-def test_split_count_fills_the_gpu_from_long_caches_only():
-    """Hand-worked: SmolLM2 (3 kv heads) at batch 16 is 48 programs; an H100/H200 has 132 SMs."""
-    assert da.split_count(48, 8192, 132) == 6     # ceil(264 / 48) = 6 of the 8 slices of 1024 allowed
-    assert da.split_count(48, 2048, 132) == 2     # the cache allows 2
-    assert da.split_count(48, 2047, 132) == 1     # under 2 x 1024 positions: one program a row
-    assert da.split_count(512, 8192, 132) == 1    # 512 programs already cover the SMs twice
-    assert da.split_count(3, 4096, 1) == 1        # the interpreter's one "SM"
-
-
 def test_decode_attention_reference_is_sdpa():
     """The spec itself against torch's scaled_dot_product_attention, one row at a time."""
     g = torch.Generator().manual_seed(6)
