@@ -14,7 +14,9 @@ Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`), `no-split`, the s
 whose every lesson is right: the ceiling of what lessons can give this actor). The table gives the final
 held-out success with and without experience (mean and 95% interval over seeds, Student t), the paired
 with-minus-without difference, each mode's difference from GRPO paired by seed, and the extractor's mean reward
-early vs late in training (finished runs); with attempts, each run's own with - without contrast at the last.
+early vs late in training (finished runs); with attempts, each run's own with - without contrast at the last, and
+CRL's difference from static there; where the extractor trains, each run's CISPO steps by iteration 60 and its
+lessons right by block of 30 iterations.
 """
 import argparse
 import collections
@@ -29,6 +31,7 @@ from itertools import islice
 
 MODES = ("crl", "grpo", "static", "exp-only", "no-split", "oracle")
 # every other mode is `--mode MODE`; they follow the grid's own flags (oracle's --extractor overrides the grid's)
+NAMES = {"crl": "CRL", "grpo": "GRPO"}   # as the paper writes them in the tables
 MODE_FLAGS = {"no-split": ["--mode", "crl", "--no-split"], "oracle": ["--mode", "static", "--extractor", "oracle"]}
 T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -160,8 +163,8 @@ def table(results: str, task: str) -> str:
         lines.append(f"| {mode} | {len(noexp)}/{len(runs[mode])} | {cells[0]} | {cells[1]} | "
                      f"{fmt(*mean_ci(diff)) if diff else '—'} | " + " | ".join(trend) + " |")
     lines.append("")
-    lines += [line for mode in MODES if mode != "grpo" for line in vs_grpo(runs, task, mode)]
-    return "\n".join(lines + attempts_table(runs, task)) + "\n"
+    lines += [line for mode in MODES if mode != "grpo" for line in versus(runs, task, mode)]
+    return "\n".join(lines + attempts_table(runs, task) + extractor_races(runs, task)) + "\n"
 
 
 def first_to_last(runs: dict, key: str) -> str:
@@ -174,7 +177,7 @@ def first_to_last(runs: dict, key: str) -> str:
 
 def attempts_table(runs: dict, task: str) -> list[str]:
     """Success at each attempt of the attempts evaluation (crl.evaluate_attempts), and each mode minus GRPO
-    at the last attempt, paired by seed."""
+    (CRL minus static too) at the last attempt, paired by seed."""
     k = last_attempt(runs, task)
     if not k:
         return []
@@ -199,8 +202,9 @@ def attempts_table(runs: dict, task: str) -> list[str]:
         if any(read):
             lines.append(f"{mode}: share of episodes that read the lesson the attempt before wrote, at attempt 2 … "
                          f"{k}: {means(read, ' / ')}{given}.  ")
-    return lines + own_contrasts(runs, task, k) + [line for mode in MODES if mode != "grpo"
-                                                   for line in vs_grpo(runs, task, mode, k)]
+    return (lines + own_contrasts(runs, task, k) + [line for mode in MODES if mode != "grpo"
+                                                    for line in versus(runs, task, mode, k)]
+            + versus(runs, task, "crl", k, "static"))
 
 
 def own_contrasts(runs: dict, task: str, attempt: int) -> list[str]:
@@ -220,20 +224,40 @@ def own_contrasts(runs: dict, task: str, attempt: int) -> list[str]:
     return [""] + lines if lines else []
 
 
-def vs_grpo(runs: dict, task: str, mode: str, attempt: int = 0) -> list[str]:
-    """The mode's final success (with, then without experience) minus GRPO's, paired by seed (at `attempt`
-    of the attempts evaluation, if given)."""
-    lines, grpo = [], finals(runs, "grpo", task, "noexp", attempt)
-    at = f", attempt {attempt}" if attempt else ""
+def versus(runs: dict, task: str, mode: str, attempt: int = 0, base: str = "grpo") -> list[str]:
+    """The mode's final success (with, then without experience) minus the base mode's, paired by seed (at
+    `attempt` of the attempts evaluation, if given): GRPO's success without experience, any other base's of the
+    same kind as the mode's."""
+    lines, at = [], f", attempt {attempt}" if attempt else ""
     for kind, label in (("exp", "with"), ("noexp", "without")):
-        diff = paired(finals(runs, mode, task, kind, attempt), grpo)
+        theirs = finals(runs, base, task, "noexp" if base == "grpo" else kind, attempt)
+        diff = paired(finals(runs, mode, task, kind, attempt), theirs)
         if diff:
             m, h = mean_ci(diff)
             verdict = ("no interval from one seed" if math.isnan(h) else "the 95% interval is above zero" if m - h > 0
                        else "the 95% interval is below zero" if m + h < 0 else "the 95% interval contains zero")
-            lines.append(f"{'CRL' if mode == 'crl' else mode} (eval {label} experience{at}) − GRPO, paired by seed: "
-                         f"{fmt(m, h)} over {len(diff)} seed(s); {verdict}.  ")
+            lines.append(f"{NAMES.get(mode, mode)} (eval {label} experience{at}) − {NAMES.get(base, base)}, paired "
+                         f"by seed: {fmt(m, h)} over {len(diff)} seed(s); {verdict}.  ")
     return lines
+
+
+def extractor_races(runs: dict, task: str, size: int = 30, by: int = 60) -> list[str]:
+    """For each mode whose extractor trains (CISPO steps logged), each finished run's CISPO steps by iteration
+    `by` and its share of lessons written that are right (the vault) by block of `size` iterations."""
+    lines = []
+    for mode in MODES:
+        cells = []
+        for seed, r in sorted(runs.get(mode, {}).items()):
+            steps = sum(1 for row in r["rows"] if "extractor/reward" in row and row["step"] < by)
+            right = dict(zip(*blocks(r["rows"], "lessons/right_written", size)))
+            shown = " / ".join(f"{right[b]:.2f}" if b in right else "—" for b in range(0, max(right, default=-1) + 1,
+                                                                                    size))
+            if r["final"] and any("extractor/reward" in row for row in r["rows"]):
+                cells.append(f"seed {seed} {steps} steps" + (f", right {shown}" if right else ""))
+        if cells:
+            lines.append(f"{mode}: each run's CISPO steps by iteration {by} and lessons right by block of {size} "
+                         f"iterations: {'; '.join(cells)}.  ")
+    return [""] + lines if lines else []
 
 
 def curve(results: str, task: str):

@@ -185,6 +185,16 @@ def test_attempts_table_takes_the_last_attempt(tmp_path):
     # each run's own contrast at attempt 3: 0.5 * t / sqrt(n): 4.303 * 0.5 / sqrt 3 = 1.242; 1.96 * 0.5 / 16 = 0.061
     assert "crl: each run's own with − without experience at attempt 3, same instances (95% interval over " \
            "instances): seed 0 +0.250 ± 1.242, seed 1 +0.450 ± 0.061." in text and "grpo: each" not in text
+    assert "− static" not in text   # no static runs: no line
+    for s, x in enumerate([0.5, 0.9]):   # static at attempt 3: with experience 0.5, 0.9; without 0.35, 0.25
+        _run(root, "static", s, {"eval/vault/success_noexp": 0.3, "attempts/vault/success_exp_3": x,
+                                 "attempts/vault/success_noexp_3": 0.35 - s / 10}, [], "vault")
+    text = reproduce.table(root, "vault")
+    # CRL − static at attempt 3, each against static's own kind: with [0.6 - 0.5, 0.8 - 0.9] = [0.1, -0.1]: mean 0,
+    # sd 0.1414, 12.706 * 0.1 = 1.271; without [0.35 - 0.35, 0.35 - 0.25] = [0, 0.1]: 12.706 * 0.05 = 0.635
+    assert "CRL (eval with experience, attempt 3) − static, paired by seed: 0.000 ± 1.271 over 2 seed(s); the 95% " \
+           "interval contains zero" in text
+    assert "CRL (eval without experience, attempt 3) − static, paired by seed: 0.050 ± 0.635 over 2 seed(s)" in text
 
 
 def test_the_oracle_mode_overrides_the_grids_extractor():
@@ -208,6 +218,26 @@ def test_race_counts_cispo_steps_lessons_and_the_gap_by_block():
             {"step": 3, "train/vault/success_exp": 0.0, "train/vault/success_noexp": 0.5, "lessons/right_written": 0.0}]
     assert reproduce.race(rows, "vault", 2)[2:] == ["| 0-1 | 1 (1) | 0.50 | +0.125 |",
                                                    "| 2-3 | 1 (2) | 0.50 | -0.500 |"]
+
+
+def test_extractor_races_count_cispo_steps_by_iteration_60_and_lessons_right_by_block(tmp_path):
+    """Hand rows: CISPO steps (rows with an extractor reward) at iterations 10, 59, 60 and 70 are 2 by iteration
+    60; lessons right 0.2 and 0.4 in iterations 0-29, none in 30-59, 1.0 in 60-89: 0.30 / — / 1.00. A run still
+    training and GRPO, which trains no extractor, give no line."""
+    root = str(tmp_path)
+    rows = [{"step": 10, "extractor/reward": 0.1, "lessons/right_written": 0.2},
+            {"step": 20, "lessons/right_written": 0.4},
+            {"step": 59, "extractor/reward": 0.2}, {"step": 60, "extractor/reward": 0.3, "lessons/right_written": 1.0},
+            {"step": 70, "extractor/reward": 0.4}]
+    _run(root, "crl", 0, {"eval/vault/success_noexp": 0.3}, rows, "vault")
+    _run(root, "crl", 1, {"eval/vault/success_noexp": 0.3}, rows[:2], "vault")   # seed 1: 1 step, right 0.30
+    _run(root, "grpo", 0, {"eval/vault/success_noexp": 0.3}, [{"step": 10}], "vault")
+    os.makedirs(os.path.join(root, "vault", "exp-only-seed0"))   # started, not finished: no final.json
+    open(os.path.join(root, "vault", "exp-only-seed0", "metrics.jsonl"), "w").write(json.dumps(rows[0]) + "\n")
+    text = reproduce.table(root, "vault")
+    assert "crl: each run's CISPO steps by iteration 60 and lessons right by block of 30 iterations: seed 0 2 steps, " \
+           "right 0.30 / — / 1.00; seed 1 1 steps, right 0.30." in text
+    assert "grpo: each run's CISPO" not in text and "exp-only: each run's CISPO" not in text
 
 
 def test_replay_trains_a_runs_first_iterations_again_and_finds_a_changed_value(tmp_path, capsys):
