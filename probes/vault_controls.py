@@ -1,5 +1,5 @@
 """The vault's controls: does an actor use a lesson that holds the answer, and does a wrong one not help? Run:
-python -m probes.vault_controls [--run RUN_DIR] [--instances N] [train.py flags: --actor smollm2 ...]
+python -m probes.vault_controls [--run RUN_DIR] [--instances N] [--replays K] [--replays-only] [train.py flags]
 
 For N held-out vaults it builds a bank with one lesson per vault, keyed by that vault's retrieval query,
 written as the run's extractor writes lessons (a door word with --lesson-moves, else a sentence naming the
@@ -60,14 +60,16 @@ def main(argv=None):
     p.add_argument("--run", help="a run directory: its flags (args.json) and its trained models (ckpt/)")
     p.add_argument("--instances", type=int, default=64)
     p.add_argument("--replays", type=int, default=8, help="plays of each vault without experience (0: none)")
+    p.add_argument("--replays-only", action="store_true", help="stop after the replays: the actor's habit alone")
     mine, rest = p.parse_known_args(argv)
     args = train.parse_args([*rest, "--out", mine.run, "--resume"] if mine.run else [*rest, "--tasks", "vault"])
     device = train.setup_distributed(args)
     run, _ = train.build(args, device, train.model_dtype(args, device))
     run.timer, run.counters = {}, {}
     plays = replays(run, mine.run or args.actor, mine.instances, mine.replays) if mine.replays > 1 else []
-    if run.manager is None:
-        print("no bank (grpo): the oracle and shuffled banks and the extractor's side are skipped")
+    if run.manager is None or mine.replays_only:
+        print("the oracle and shuffled banks and the extractor's side are skipped: "
+              + ("--replays-only" if run.manager else "no bank (grpo)"))
         return
     for name, shift in (("oracle", 0), ("shuffled", 1)):
         run.manager.bank, told = vault_bank(run, mine.instances, shift)

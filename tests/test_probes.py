@@ -119,6 +119,14 @@ def test_vault_controls(capsys):
     assert "won vault episodes" in won and "lost vault episodes" in lost
 
 
+def test_vault_controls_replays_only_stops_after_the_replays(capsys):
+    """--replays-only: the replays' line, then no bank and no extractor check."""
+    vault_controls.main(["--instances", "3", "--replays", "2", "--replays-only"])
+    out = capsys.readouterr().out
+    assert "3 held-out vaults played 2 times each without experience" in out and "skipped: --replays-only" in out
+    assert " bank (" not in out and " extractor, 3 " not in out
+
+
 def test_win_again_counts_pairs_of_plays_of_one_vault():
     """Wins in 4 plays of 3 vaults, 4, 0 and 2: of the 6 * 3 ordered pairs whose first play won, 4 * 3 + 2 * 1
     have a winning second play; a vault never won adds no pair; no win at all gives nan."""
