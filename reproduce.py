@@ -31,8 +31,8 @@ from itertools import islice
 
 MODES = ("crl", "grpo", "static", "exp-only", "no-split", "oracle")
 # every other mode is `--mode MODE`; they follow the grid's own flags (oracle's --extractor overrides the grid's)
-NAMES = {"crl": "CRL", "grpo": "GRPO"}   # as the paper writes them in the tables
 MODE_FLAGS = {"no-split": ["--mode", "crl", "--no-split"], "oracle": ["--mode", "static", "--extractor", "oracle"]}
+NAMES = {"crl": "CRL", "grpo": "GRPO"}   # as the paper writes them in the tables
 T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
         2.045, 2.042]   # Student t 97.5% quantiles for 1..30 degrees of freedom; 1.96 beyond
@@ -248,12 +248,13 @@ def extractor_races(runs: dict, task: str, size: int = 30, by: int = 60) -> list
     for mode in MODES:
         cells = []
         for seed, r in sorted(runs.get(mode, {}).items()):
+            if not r["final"] or not any("extractor/reward" in row for row in r["rows"]):
+                continue
             steps = sum(1 for row in r["rows"] if "extractor/reward" in row and row["step"] < by)
             right = dict(zip(*blocks(r["rows"], "lessons/right_written", size)))
             shown = " / ".join(f"{right[b]:.2f}" if b in right else "—" for b in range(0, max(right, default=-1) + 1,
                                                                                     size))
-            if r["final"] and any("extractor/reward" in row for row in r["rows"]):
-                cells.append(f"seed {seed} {steps} steps" + (f", right {shown}" if right else ""))
+            cells.append(f"seed {seed} {steps} steps" + (f", right {shown}" if right else ""))
         if cells:
             lines.append(f"{mode}: each run's CISPO steps by iteration {by} and lessons right by block of {size} "
                          f"iterations: {'; '.join(cells)}.  ")

@@ -5,7 +5,9 @@ ragged cache lengths, rows addressed by index into a preallocated cache).
 attention (the CPU path in bf16); `decode_attention_triton` runs one Triton program per
 (query row, kv head) that serves all the query heads sharing that kv head, so each cache block is read
 once per group, and walks the row's valid cache in blocks with an online softmax and matrix-unit dot
-products (flash-decoding style, without the split across programs). `decode_attention` (imported by model.py) picks between them.
+products (flash-decoding style, without the split across programs: on an H200 a split whose merge was a torch
+step ran 2.6-3.8x slower at 2-8k positions, results/gpu/h200-call5.txt). `decode_attention` (imported by
+model.py) picks between them.
 """
 import functools
 import math
