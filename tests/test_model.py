@@ -10,6 +10,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
                           Qwen3Config, Qwen3ForCausalLM)
 from transformers.utils import logging as hf_logging
 
+import model
 from hf import hf_parts
 from model import ByteTokenizer, Fused, ModelConfig, Transformer, load_tokenizer, rope_inv_freq
 from small.tiny import tiny_model
@@ -81,6 +82,29 @@ def test_fused_projections_train_as_transformers_separate_ones(tmp_path, kind):
         for part, g in zip(hf_parts(name), grads, strict=True):
             torch.testing.assert_close(g, theirs[part].grad, rtol=1e-4, atol=1e-5, msg=part)
     assert {h for n, _ in ours.named_parameters() for h in hf_parts(n)} == set(theirs)
+
+
+@pytest.mark.skipif(not model._PACKED_CPU, reason="oneDNN's weight layout is used on x86 CPUs only")
+def test_fp32_products_outside_autograd_follow_every_update_of_the_weights(tmp_path):
+    """Outside autograd an fp32 Linear multiplies by oneDNN's copy of its weight: the logits equal torch's own
+    products (the same forward with autograd on) before and after each optimizer step, which changes the weights
+    in place; under autocast the products stay autocast's (bf16)."""
+    hf = _randomise(_hf("qwen2", True))
+    hf.save_pretrained(tmp_path)
+    ours = Transformer.from_pretrained(tmp_path)
+    x = torch.randint(0, COMMON["vocab_size"], (3, 30), generator=torch.Generator().manual_seed(4))
+    opt = torch.optim.AdamW(ours.parameters(), lr=1e-2)
+    for _ in range(3):
+        with torch.no_grad():
+            fast = ours(x)
+        ref = ours(x)
+        assert hasattr(ours.lm_head, "_packed") and hasattr(ours.layers[0].mlp.gate_up_proj, "_packed")
+        torch.testing.assert_close(fast, ref.detach(), rtol=1e-4, atol=1e-4)
+        ref.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ours(x).dtype == torch.bfloat16
 
 
 def test_llama3_rope_scaling_is_applied():
