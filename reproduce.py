@@ -477,24 +477,37 @@ def replay(run: str, iters: int) -> bool:
     compare each iteration's metrics with the run's, times aside. Every draw is seeded by (seed, step, stream),
     so on the same kind of CPU an unchanged computation gives the same values."""
     import tempfile
-    strip = lambda row: {k: v for k, v in row.items() if not k.startswith("time/")}  # noqa: E731
-    want = [strip(json.loads(line)) for line in islice(open(os.path.join(run, "metrics.jsonl")), iters)]
+    want = recorded_rows(run, iters)
     with tempfile.TemporaryDirectory() as out:
         shutil.copy(os.path.join(run, "args.json"), out)
         cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"), "--out", out,
                "--resume", "--iters", str(len(want)), "--final-eval-episodes", "0", "--final-attempts", "0"]
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"error: the replay of {run} stopped; its output is above")
-        got = [strip(json.loads(line)) for line in open(os.path.join(out, "metrics.jsonl"))]
+        got = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     if got and len(got) == len(want):   # a run evaluates at its last iteration, which the recorded one did not end at
         got[-1] = {k: v for k, v in got[-1].items() if not k.startswith("eval/") or k in want[-1]}
-    for w, g in zip(want, got):
+    differs = replay_differs(run, got)
+    print(differs or f"{run}: its first {len(got)} iterations replay value for value")
+    return not differs and len(got) == len(want)
+
+
+def recorded_rows(run: str, iters: int) -> list[dict]:
+    """RUN's first `iters` metrics rows, times aside."""
+    return [strip_times(json.loads(line)) for line in islice(open(os.path.join(run, "metrics.jsonl")), iters)]
+
+
+def strip_times(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("time/")}
+
+
+def replay_differs(run: str, got: list[dict]) -> str | None:
+    """None when a replay's metrics rows equal RUN's first ones, times aside; else its first difference."""
+    for w, g in zip(recorded_rows(run, len(got)), map(strip_times, got)):
         if w != g:
             diff = {k: (w.get(k), g.get(k)) for k in sorted(set(w) | set(g)) if w.get(k) != g.get(k)}
-            print(f"{run}: step {w.get('step')} differs (recorded, replayed): {diff}")
-            return False
-    print(f"{run}: its first {len(got)} iterations replay value for value")
-    return len(got) == len(want)
+            return f"{run}: step {w.get('step')} differs (recorded, replayed): {diff}"
+    return None
 
 
 def report(results: str, task: str):

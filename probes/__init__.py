@@ -14,6 +14,8 @@ pool_lessons) were retired after f2e927f: their records rebuild from that commit
     vault_forms     can the untrained extractor read the opened door off an episode, in three prompt forms?
     cispo_vault     can CISPO alone teach the extractor to name the opened door, or after a loss the doors left
                     (fresh vaults, a scripted follower)?
+    credit_trace    a vault run's first iterations replayed: which lessons the lift credit rewarded, whether the
+                    actor followed them, and which generations CISPO trained with what advantage
     random_play     a task's floor: success of a random valid action each turn on held-out instances
     gpu_profile     where a GPU's time goes: the training and decode steps kernel by kernel; two threads decoding
 

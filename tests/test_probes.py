@@ -19,7 +19,7 @@ import envs
 import train
 from bank import ExperienceBank, Operation
 from model import load_tokenizer
-from probes import (ONE_MOVE, cispo_vault, episode, judge, lesson_follow, lessons, policy, random_play, vault_controls,
+from probes import (ONE_MOVE, cispo_vault, credit_trace, episode, judge, lesson_follow, lessons, policy, random_play, vault_controls,
                     vault_forms, vault_lessons, gpu_profile)
 from small.tiny import tiny_model
 from test_train import FAST
@@ -381,6 +381,64 @@ def vault_run(tmp_path_factory):
     train.main(["--tasks", "vault", "--mode", "crl", "--iters", "2", "--out", out, *FAST, "--eval-every", "0",
                 "--final-eval-episodes", "4"])
     return out
+
+
+def test_credit_trace_replays_the_run_and_records_what_cispo_trained(tmp_path, capsys):
+    """The replay of a tiny vault run under the lift credit equals its metrics; every episode is recorded with the
+    lift crl credits; each recorded CISPO batch is the one crl trained: its mean credit is the run's logged
+    extractor/reward and it evicted as many as crl did (a batch of 1, so the newest is chosen among several)."""
+    run = str(tmp_path / "run")
+    train.main(["--tasks", "vault", "--mode", "crl", "--iters", "4", "--out", run, *FAST, "--eval-every", "0",
+                "--final-eval-episodes", "0", "--credit", "lift", "--extractor-batch", "1"])
+    records = credit_trace.trace(run, 4, str(tmp_path / "replay"))
+    assert "its first 4 iterations replay value for value" in capsys.readouterr().out
+    eps = [r for r in records if r["kind"] == "episode"]
+    assert len(eps) == 4 * 2 * 4 and sum(r["with_exp"] for r in eps) == 16
+    for step in range(4):
+        group = {}
+        for r in eps:
+            if r["step"] == step and not r["with_exp"]:
+                group.setdefault(r["seed"], []).append(r["success"])
+        for r in eps:
+            if r["step"] == step and r["with_exp"]:
+                assert r["lift"] == r["success"] - sum(group[r["seed"]]) / len(group[r["seed"]])
+    logged = {m["step"]: m for m in map(json.loads, open(os.path.join(run, "metrics.jsonl")))
+              if "extractor/reward" in m}
+    steps = [r for r in records if r["kind"] == "cispo"]
+    assert [s["step"] for s in steps] == sorted(logged) and len(steps) >= 2
+    assert any(s["evicted"] for s in steps)
+    for s in steps:
+        assert len(s["batch"]) == 1 and s["batch"][0]["advantage"] == 0.0
+        assert s["batch"][0]["credit"] == logged[s["step"]]["extractor/reward"]
+        assert s["evicted"] == logged[s["step"]]["extractor/evicted"]
+
+
+def test_credit_trace_summary_by_hand():
+    """Block 0: two plays without a lesson (first doors east, west); a right lesson followed and won (lift +1), a
+    wrong `north` followed and lost (lift -0.5), a wrong `north` ignored and won (lift +0.5), a wrong `south`
+    ignored; one CISPO step trained a right generation (+0.25) and a wrong one (-0.25), evicting 3."""
+    def ep(door, lesson, moves, success, lift, with_exp=True):
+        return {"kind": "episode", "step": 1, "door": door, "with_exp": with_exp, "lesson": lesson, "moves": moves,
+                "success": success, "lift": lift}
+    records = [ep("east", None, ["east"], True, 0.0, False), ep("east", None, ["west", "east"], True, 0.0, False),
+               ep("east", "east", ["east"], True, 1.0), ep("east", "north", ["north", "west"], False, -0.5),
+               ep("west", "north", ["west"], True, 0.5), ep("west", "south now", ["east", "west"], True, 0.0),
+               {"kind": "cispo", "step": 2, "evicted": 3, "batch": [
+                   {"lesson": "east", "right": True, "advantage": 0.25},
+                   {"lesson": "north", "right": False, "advantage": -0.25}]}]
+    assert credit_trace.summary(records, 30) == [
+        "iterations 0-29:",
+        "  first door without a lesson: east 0.50, west 0.50",
+        "  right lessons read: 1, followed 1.00, success +1.000, lift +1.000",
+        "  wrong lessons read: 3, followed 0.33, success +0.667, lift +0.000",
+        "  by the door a lesson names: reads, followed, first door unprompted, lift when right / wrong",
+        "    north: 2, 0.50, 0.00, - of 0 / +0.000 of 2",
+        "    east: 1, 1.00, 0.50, +1.000 of 1 / - of 0",
+        "    south: 1, 0.00, 0.00, - of 0 / +0.000 of 1",
+        "  CISPO trained right: 1 of 2 generations in 1 steps, mean advantage +0.250",
+        "  CISPO trained wrong: 1 of 2 generations in 1 steps, mean advantage -0.250",
+        "  CISPO by lesson (generations, summed advantage): east 1, +0.25; north 1, -0.25",
+        "  evicted untrained: 3"]
 
 
 def printed_episode(out: str) -> dict:
