@@ -19,8 +19,8 @@ import envs
 import train
 from bank import ExperienceBank, Operation
 from model import load_tokenizer
-from probes import (ONE_MOVE, cispo_vault, credit_trace, episode, judge, lesson_follow, lessons, policy, random_play, vault_controls,
-                    vault_forms, vault_lessons, gpu_profile)
+from probes import (ONE_MOVE, cispo_vault, credit_trace, episode, judge, lesson_follow, lessons, policy, random_play,
+                    vault_controls, vault_forms, vault_lessons, gpu_profile)
 from small.tiny import tiny_model
 from test_train import FAST
 
