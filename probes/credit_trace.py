@@ -1,6 +1,7 @@
 """Which lessons the lift credit rewarded, and which CISPO trained: a vault run's first iterations replayed with
 every episode and every CISPO batch written down. Run:
 python -m probes.credit_trace RUN [--iters 60] [--block 30] [--trace FILE]
+python -m probes.credit_trace --read FILE [--block 30]     (the report on a kept trace, no replay)
 
 Replays RUN from step 0 with its own flags (RUN/args.json, as --resume reads them) through train.iteration, and
 says whether the replay's metrics equal RUN/metrics.jsonl's value for value (reproduce.replay_differs): on the
@@ -12,10 +13,10 @@ same kind of CPU they do, so what the trace shows is what the run did. It record
 The replay runs in a temporary directory; --trace FILE keeps the records (JSON lines). It prints, by block of
 iterations: the actor's first door without a lesson; for lessons read, right and wrong, how often the actor's
 first door was the lesson's (it followed) and the mean lift; the same by the door a lesson names, beside how often
-the actor opens with that door unprompted; and the generations CISPO trained, right and wrong, with their mean
-advantage. A lesson the actor does not follow costs
-nothing under the lift credit, so where the extractor cannot yet read the door, the wrong lessons the actor
-ignores earn more than those it follows.
+the actor opens with that door unprompted; and the generations CISPO trained: right, wrong naming a door the actor
+followed in under half of that door's reads in the block, and the other wrong, each with its mean credit and its
+summed advantage (what CISPO pushed up or down). A lesson the actor does not follow has a lift near 0, and the
+advantage subtracts the batch's mean credit: where most lessons hurt, such a lesson is pushed up.
 """
 import argparse
 import collections
@@ -23,6 +24,8 @@ import json
 import os
 import shutil
 import tempfile
+
+from tqdm import tqdm
 
 import crl
 import envs
@@ -78,7 +81,7 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
     crl.credit_generations, crl.extractor_update = recorded_credit, recorded_update
     metrics = []
     try:
-        for step in range(iters):
+        for step in tqdm(range(iters), desc=f"replaying {run_dir}", unit="it"):
             metrics.append(train.iteration(run, args, step))
     finally:
         crl.credit_generations, crl.extractor_update = credit, update
@@ -121,10 +124,16 @@ def summary(records: list[dict], block: int) -> list[str]:
                          f"{mean(right)} of {len(right)} / {mean(wrong)} of {len(wrong)}")
         steps = [r for r in rs if r["kind"] == "cispo"]
         trained = [g for s in steps for g in s["batch"]]
-        for kind in (True, False):
-            gs = [g for g in trained if g["right"] is kind]
-            lines.append(f"  CISPO trained {'right' if kind else 'wrong'}: {len(gs)} of {len(trained)} generations in "
-                         f"{len(steps)} steps, mean advantage {mean(g['advantage'] for g in gs)}")
+        seldom = {d for d, rows in named.items() if share_followed(rows) < 0.5}
+        lines.append(f"  CISPO: {len(trained)} generations in {len(steps)} steps, mean credit "
+                     f"{mean(g['credit'] for g in trained)}; by kind (generations, mean credit, summed advantage):")
+        for kind, gs in (("right", [g for g in trained if g["right"]]),
+                         ("wrong, naming a door followed in under half its reads",
+                          [g for g in trained if g["right"] is False and g["lesson"] in seldom]),
+                         ("wrong, naming another door", [g for g in trained if g["right"] is False
+                                                         and g["lesson"] not in seldom])):
+            lines.append(f"    {kind}: {len(gs)}, {mean(g['credit'] for g in gs)}, "
+                         f"{sum(g['advantage'] for g in gs):+.2f}")
         by_door = collections.defaultdict(list)
         for g in trained:
             by_door[g["lesson"]].append(g["advantage"])
@@ -134,24 +143,35 @@ def summary(records: list[dict], block: int) -> list[str]:
     return lines
 
 
-def followed(rows: list[dict]) -> str:
-    """The share of episodes whose first door was the one their lesson names."""
+def share_followed(rows: list[dict]) -> float:
+    """The share of episodes whose first door was the one their lesson names (nan: none moved)."""
     rows = [r for r in rows if r["moves"]]
-    return f"{sum(r['moves'][0] == door_word(r['lesson']) for r in rows) / len(rows):.2f}" if rows else "-"
+    return sum(r["moves"][0] == door_word(r["lesson"]) for r in rows) / len(rows) if rows else float("nan")
+
+
+def followed(rows: list[dict]) -> str:
+    share = share_followed(rows)
+    return "-" if share != share else f"{share:.2f}"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("run", help="a vault run's directory (its args.json and metrics.jsonl)")
+    p.add_argument("run", nargs="?", help="a vault run's directory (its args.json and metrics.jsonl)")
     p.add_argument("--iters", type=int, default=60, help="iterations to replay from step 0")
     p.add_argument("--block", type=int, default=30, help="iterations a block of the report")
     p.add_argument("--trace", default=None, help="a file to keep the records in (JSON lines)")
+    p.add_argument("--read", default=None, help="report on the records of an earlier --trace FILE; no replay")
     a = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as out:
-        records = trace(a.run, a.iters, out)
-    if a.trace:
-        with open(a.trace, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+    if a.read:
+        records = [json.loads(line) for line in open(a.read)]
+    elif a.run:
+        with tempfile.TemporaryDirectory() as out:
+            records = trace(a.run, a.iters, out)
+        if a.trace:
+            with open(a.trace, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+    else:
+        p.error("give a run directory to replay, or --read FILE")
     print("\n".join(summary(records, a.block)))
 
 

@@ -413,10 +413,11 @@ def test_credit_trace_replays_the_run_and_records_what_cispo_trained(tmp_path, c
         assert s["evicted"] == logged[s["step"]]["extractor/evicted"]
 
 
-def test_credit_trace_summary_by_hand():
+def test_credit_trace_summary_by_hand(tmp_path, capsys):
     """Block 0: two plays without a lesson (first doors east, west); a right lesson followed and won (lift +1), a
     wrong `north` followed and lost (lift -0.5), a wrong `north` ignored and won (lift +0.5), a wrong `south`
-    ignored; one CISPO step trained a right generation (+0.25) and a wrong one (-0.25), evicting 3."""
+    ignored; two CISPO steps trained a right generation, a wrong `south` (a door followed in 0 of its reads) and two
+    wrong `north` (followed in half of theirs), evicting 3."""
     def ep(door, lesson, moves, success, lift, with_exp=True):
         return {"kind": "episode", "step": 1, "door": door, "with_exp": with_exp, "lesson": lesson, "moves": moves,
                 "success": success, "lift": lift}
@@ -424,9 +425,12 @@ def test_credit_trace_summary_by_hand():
                ep("east", "east", ["east"], True, 1.0), ep("east", "north", ["north", "west"], False, -0.5),
                ep("west", "north", ["west"], True, 0.5), ep("west", "south now", ["east", "west"], True, 0.0),
                {"kind": "cispo", "step": 2, "evicted": 3, "batch": [
-                   {"lesson": "east", "right": True, "advantage": 0.25},
-                   {"lesson": "north", "right": False, "advantage": -0.25}]}]
-    assert credit_trace.summary(records, 30) == [
+                   {"lesson": "east", "right": True, "credit": 1.0, "advantage": 0.5},
+                   {"lesson": "south", "right": False, "credit": 0.0, "advantage": -0.5}]},
+               {"kind": "cispo", "step": 3, "evicted": 0, "batch": [
+                   {"lesson": "north", "right": False, "credit": -0.5, "advantage": 0.0},
+                   {"lesson": "north", "right": False, "credit": -0.5, "advantage": 0.0}]}]
+    want = [
         "iterations 0-29:",
         "  first door without a lesson: east 0.50, west 0.50",
         "  right lessons read: 1, followed 1.00, success +1.000, lift +1.000",
@@ -435,10 +439,16 @@ def test_credit_trace_summary_by_hand():
         "    north: 2, 0.50, 0.00, - of 0 / +0.000 of 2",
         "    east: 1, 1.00, 0.50, +1.000 of 1 / - of 0",
         "    south: 1, 0.00, 0.00, - of 0 / +0.000 of 1",
-        "  CISPO trained right: 1 of 2 generations in 1 steps, mean advantage +0.250",
-        "  CISPO trained wrong: 1 of 2 generations in 1 steps, mean advantage -0.250",
-        "  CISPO by lesson (generations, summed advantage): east 1, +0.25; north 1, -0.25",
+        "  CISPO: 4 generations in 2 steps, mean credit +0.000; by kind (generations, mean credit, summed advantage):",
+        "    right: 1, +1.000, +0.50",
+        "    wrong, naming a door followed in under half its reads: 1, +0.000, -0.50",
+        "    wrong, naming another door: 2, -0.500, +0.00",
+        "  CISPO by lesson (generations, summed advantage): north 2, +0.00; east 1, +0.50; south 1, -0.50",
         "  evicted untrained: 3"]
+    assert credit_trace.summary(records, 30) == want
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    credit_trace.main(["--read", str(tmp_path / "trace.jsonl")])
+    assert capsys.readouterr().out.splitlines() == want
 
 
 def printed_episode(out: str) -> dict:
