@@ -63,7 +63,9 @@ Options ours alone, off by default, that make the vault a clean control of co-ev
 `--vault-reveal` ends a lost vault by naming its door, so every episode can teach (results/vault-reveal);
 `--extractor oracle` (static mode) writes the door each transcript shows, the ceiling of what lessons can give;
 `--head-start N` freezes the actor for N iterations, so the extractor learns before the actor's habit makes a
-lesson naming its first door cost nothing (results/vault-reveal/pilot).
+lesson naming its first door cost nothing (results/vault-reveal/pilot); `--extractor-baseline none` takes a CISPO
+advantage as the reward itself, not its distance from the batch mean: under the lift credit 0 already means no
+effect, and the batch mean paid for wrong lessons the frozen actor ignored (results/vault-head/credit-trace).
 The vault's held-out instances have balanced doors and names training never draws (envs.held_out_seeds), and the
 attempts evaluation writes into a bank that starts empty: both so that it measures the lesson, not the lottery of
 which doors an actor happens to play or a lesson left over from training.
@@ -212,6 +214,11 @@ class CRLConfig:
     head_start: int = vault_study(0, "the extractor's head start: the actor is frozen for the first N iterations "
                                      "(crl mode), so the extractor learns to write before the actor learns an order "
                                      "of doors whose first door is a lesson that costs nothing (0: off)", min=0)
+    extractor_baseline: str = vault_study("batch", "what a CISPO advantage subtracts from a generation's reward: "
+                                                   "batch (the batch's mean reward [release]) or none (under --credit "
+                                                   "lift a reward of 0 already means no effect; with the batch mean a "
+                                                   "lesson the actor ignores gains whenever most lessons hurt)",
+                                          choices=("batch", "none"))
 
     def __post_init__(self):
         if isinstance(self.extractor_none, bool):   # runs written before it took a third value
@@ -956,8 +963,9 @@ def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float 
 
 def extractor_update(run) -> dict:
     """Once `extractor_batch` generations have credits (over all ranks), one CISPO step on the newest
-    `extractor_batch` of them, with A = reward - batch mean; the older ones lose their credits untrained
-    [release: its buffer of 64 slots evicts the oldest on insert, and trains when full]. Newest means most
+    `extractor_batch` of them, with A = reward - batch mean (or, with cfg.extractor_baseline none, the reward);
+    the older ones lose their credits untrained [release: its buffer of 64 slots evicts the oldest on insert, and
+    trains when full]. Newest means most
     recently queued (`Generation.queued`, then the id). A trained or evicted generation stays: when its lesson
     is used again it returns with the mean of its new credits [release]. Then `prune_generations`."""
     cfg, stats = run.cfg, {}
@@ -971,6 +979,7 @@ def extractor_update(run) -> dict:
         batch = [g for gid, g in ready.items() if gid in newest]
         rewards = [sum(g.credits) / len(g.credits) for g in batch]
         mean = all_reduce_sum(sum(rewards)) / cfg.extractor_batch
+        baseline = mean if cfg.extractor_baseline == "batch" else 0.0
         segments = []
         for g in batch:
             s = Segment()
@@ -981,7 +990,7 @@ def extractor_update(run) -> dict:
         loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high)
         update = Update(run.extractor, run.extractor_opt, loss, (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high),
                         cfg.sampling(cfg.extractor_temperature))
-        stats = policy_update(run, update, segments, [r - mean for r in rewards])
+        stats = policy_update(run, update, segments, [r - baseline for r in rewards])
         run.timer["extractor_update"] += time.perf_counter() - t0
         for g in ready.values():
             g.credits = []

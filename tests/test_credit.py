@@ -69,6 +69,19 @@ def test_reward_is_the_mean_credit_and_the_advantage_its_distance_from_the_batch
     assert [run.generations[g].credits for g in range(4)] == [[], [], [], []]
 
 
+def test_without_a_baseline_the_advantage_is_the_reward(monkeypatch):
+    """--extractor-baseline none: the lift credit's 0 (no effect) stays 0, whatever the batch's mean."""
+    run = make_run(extractor_batch=3, credit="lift", extractor_baseline="none")
+    generation(run, 0, [0.0, 0.0])                    # a lesson the actor ignored: no effect
+    generation(run, 1, [-1.0, -0.5])                  # one that hurt
+    generation(run, 2, [0.5])                         # one that helped
+    seen = {}
+    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(a=advantages) or {})
+    stats = crl.extractor_update(run)
+    assert seen["a"] == pytest.approx([0.0, -0.75, 0.5])
+    assert stats["reward"] == pytest.approx((0.0 - 0.75 + 0.5) / 3)   # the logged reward is still the batch's mean
+
+
 def test_no_step_below_the_batch_threshold(monkeypatch):
     run = make_run(extractor_batch=3)
     generation(run, 0, [1.0])
