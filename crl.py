@@ -965,9 +965,9 @@ def extractor_update(run) -> dict:
     """Once `extractor_batch` generations have credits (over all ranks), one CISPO step on the newest
     `extractor_batch` of them, with A = reward - batch mean (or, with cfg.extractor_baseline none, the reward);
     the older ones lose their credits untrained [release: its buffer of 64 slots evicts the oldest on insert, and
-    trains when full]. Newest means most
-    recently queued (`Generation.queued`, then the id). A trained or evicted generation stays: when its lesson
-    is used again it returns with the mean of its new credits [release]. Then `prune_generations`."""
+    trains when full]. Newest means most recently queued (`Generation.queued`, then the id). A trained or evicted
+    generation stays: when its lesson is used again it returns with the mean of its new credits [release]. Then
+    `prune_generations`."""
     cfg, stats = run.cfg, {}
     ready = {gid: g for gid, g in run.generations.items() if g.credits}
     # every rank sorts every rank's queue places alike (ids are unique across ranks), then trains its own
