@@ -63,9 +63,8 @@ Options ours alone, off by default, that make the vault a clean control of co-ev
 `--vault-reveal` ends a lost vault by naming its door, so every episode can teach (results/vault-reveal);
 `--extractor oracle` (static mode) writes the door each transcript shows, the ceiling of what lessons can give;
 `--head-start N` freezes the actor for N iterations, so the extractor learns before the actor's habit makes a
-lesson naming its first door cost nothing (results/vault-reveal/pilot); `--extractor-baseline none` takes a CISPO
-advantage as the reward itself, not its distance from the batch mean: under the lift credit 0 already means no
-effect, and the batch mean paid for wrong lessons the frozen actor ignored (results/vault-head/credit-trace).
+lesson naming its first door cost nothing (results/vault-reveal/pilot); `--extractor-baseline none` makes a CISPO
+advantage the reward itself: the batch mean paid for lessons the actor ignored (results/vault-head/credit-trace).
 The vault's held-out instances have balanced doors and names training never draws (envs.held_out_seeds), and the
 attempts evaluation writes into a bank that starts empty: both so that it measures the lesson, not the lottery of
 which doors an actor happens to play or a lesson left over from training.
@@ -214,11 +213,9 @@ class CRLConfig:
     head_start: int = vault_study(0, "the extractor's head start: the actor is frozen for the first N iterations "
                                      "(crl mode), so the extractor learns to write before the actor learns an order "
                                      "of doors whose first door is a lesson that costs nothing (0: off)", min=0)
-    extractor_baseline: str = vault_study("batch", "what a CISPO advantage subtracts from a generation's reward: "
-                                                   "batch (the batch's mean reward [release]) or none (under --credit "
-                                                   "lift a reward of 0 already means no effect; with the batch mean a "
-                                                   "lesson the actor ignores gains whenever most lessons hurt)",
-                                          choices=("batch", "none"))
+    extractor_baseline: str = vault_study("batch", "a CISPO advantage: the reward minus the batch's mean reward "
+                                          "(batch [release]) or the reward itself (none: under --credit lift 0 already "
+                                          "means no effect)", choices=("batch", "none"))
 
     def __post_init__(self):
         if isinstance(self.extractor_none, bool):   # runs written before it took a third value

@@ -84,6 +84,11 @@ def lesson_age(eps, now: int) -> dict:
     return {"retrieval/age": total / n} if n else {}
 
 
+def first_word(text: str | None) -> str | None:
+    """A lesson's or a reply's first word, lower-cased (None for no text): on the vault, the door it names."""
+    return text.strip().lower().split(" ")[0] if text and text.strip() else None
+
+
 def vault_lessons(eps, ops) -> dict:
     """On the vault, where a lesson can be checked: the share of the lessons distilled this iteration that name
     the door of the vault they came from, and of the lessons read that name the reader's door (over every rank;
@@ -91,7 +96,7 @@ def vault_lessons(eps, ops) -> dict:
     keeps the comma), and the success of the episodes that read a right lesson and of those that read a wrong one.
     Counted here, as the episodes end: the last bank keeps no record of a lesson an update replaced."""
     def right(text, seed):
-        return text.strip().lower().split(" ")[:1] == [envs.vault_door(seed)]
+        return first_word(text) == envs.vault_door(seed)
     written = [right(op.text, op.origin) for op in ops if op.task == "vault" and op.kind in ("add", "update")]
     readers = [e for e in eps if e.task == "vault" and e.lessons]
     read = [right(e.lessons[0], e.seed) for e in readers]

@@ -9,7 +9,8 @@ same kind of CPU they do, so what the trace shows is what the run did. It record
 - each episode (crl.credit_generations' input): its vault's door, whether it read a lesson, the lesson, the
   vault that lesson came from, its moves, success and lift (crl.episode_lift);
 - each CISPO step (crl.extractor_update's batch, chosen as it chooses): each generation's text, mean credit and
-  advantage (credit minus the batch mean), whether its lesson named its own vault's door, and the evicted ones.
+  advantage (credit minus the batch mean; the credit with --extractor-baseline none), whether its lesson named its
+  own vault's door, and the evicted ones.
 The replay runs in a temporary directory; --trace FILE keeps the records (JSON lines). It prints, by block of
 iterations: the actor's first door without a lesson; for lessons read, right and wrong, how often the actor's
 first door was the lesson's (it followed) and the mean lift; the same by the door a lesson names, beside how often
@@ -31,11 +32,7 @@ import crl
 import envs
 import reproduce
 import train
-
-
-def door_word(text: str | None) -> str | None:
-    """The first word of a lesson or a reply (how metrics.vault_lessons reads a lesson)."""
-    return text.strip().lower().split(" ")[0] if text and text.strip() else None
+from metrics import first_word
 
 
 def trace(run_dir: str, iters: int, out: str) -> list[dict]:
@@ -55,7 +52,7 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
             records.append({"kind": "episode", "step": run.step, "seed": e.seed, "door": envs.vault_door(e.seed),
                             "with_exp": e.with_exp, "lesson": e.lessons[0] if e.lessons else None,
                             "origin": e.origins[0] if e.origins else None, "sources": e.sources,
-                            "moves": [door_word(line) for who, line in e.transcript if who == "agent"],
+                            "moves": [first_word(line) for who, line in e.transcript if who == "agent"],
                             "success": e.success, "lift": lift})
         return credit(run, eps)
 
@@ -67,13 +64,14 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
             rows = []
             for _, gid in queue[:run.cfg.extractor_batch]:
                 text = run.extractor_tok.decode(ready[gid].tokens, skip_special_tokens=True)
-                lesson = door_word(text.split(":")[-1])
+                lesson = first_word(text.split(":")[-1])
                 rows.append({"id": gid, "text": text, "lesson": lesson, "credit": sum(ready[gid].credits)
                              / len(ready[gid].credits), "right": lesson == envs.vault_door(origin[gid])
                              if origin.get(gid) is not None else None})
             mean = sum(r["credit"] for r in rows) / len(rows)
+            baseline = mean if run.cfg.extractor_baseline == "batch" else 0.0   # crl.extractor_update's advantage
             for r in rows:
-                r["advantage"] = r["credit"] - mean
+                r["advantage"] = r["credit"] - baseline
             records.append({"kind": "cispo", "step": run.step, "batch": rows,
                             "evicted": len(queue) - run.cfg.extractor_batch})
         return update(run)
@@ -110,12 +108,12 @@ def summary(records: list[dict], block: int) -> list[str]:
                                                                    first.most_common(4)))
         read = [r for r in eps if r["lesson"]]
         for kind in ("right", "wrong"):
-            rows = [r for r in read if (door_word(r["lesson"]) == r["door"]) == (kind == "right")]
+            rows = [r for r in read if (first_word(r["lesson"]) == r["door"]) == (kind == "right")]
             lines.append(f"  {kind} lessons read: {len(rows)}, followed {followed(rows)}, "
                          f"success {mean(r['success'] for r in rows)}, lift {mean(r['lift'] for r in rows)}")
         named = collections.defaultdict(list)
         for r in read:
-            named[door_word(r["lesson"])].append(r)
+            named[first_word(r["lesson"])].append(r)
         lines.append("  by the door a lesson names: reads, followed, first door unprompted, lift when right / wrong")
         for d, rows in sorted(named.items(), key=lambda kv: -len(kv[1])):
             right = [r["lift"] for r in rows if r["door"] == d]
@@ -146,7 +144,7 @@ def summary(records: list[dict], block: int) -> list[str]:
 def share_followed(rows: list[dict]) -> float:
     """The share of episodes whose first door was the one their lesson names (nan: none moved)."""
     rows = [r for r in rows if r["moves"]]
-    return sum(r["moves"][0] == door_word(r["lesson"]) for r in rows) / len(rows) if rows else float("nan")
+    return sum(r["moves"][0] == first_word(r["lesson"]) for r in rows) / len(rows) if rows else float("nan")
 
 
 def followed(rows: list[dict]) -> str:

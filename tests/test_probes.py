@@ -386,10 +386,12 @@ def vault_run(tmp_path_factory):
 def test_credit_trace_replays_the_run_and_records_what_cispo_trained(tmp_path, capsys):
     """The replay of a tiny vault run under the lift credit equals its metrics; every episode is recorded with the
     lift crl credits; each recorded CISPO batch is the one crl trained: its mean credit is the run's logged
-    extractor/reward and it evicted as many as crl did (a batch of 1, so the newest is chosen among several)."""
+    extractor/reward and it evicted as many as crl did (a batch of 1, so the newest is chosen among several); with
+    --extractor-baseline none the advantage is that reward."""
     run = str(tmp_path / "run")
     train.main(["--tasks", "vault", "--mode", "crl", "--iters", "4", "--out", run, *FAST, "--eval-every", "0",
-                "--final-eval-episodes", "0", "--credit", "lift", "--extractor-batch", "1"])
+                "--final-eval-episodes", "0", "--credit", "lift", "--extractor-batch", "1",
+                "--extractor-baseline", "none"])
     records = credit_trace.trace(run, 4, str(tmp_path / "replay"))
     assert "its first 4 iterations replay value for value" in capsys.readouterr().out
     eps = [r for r in records if r["kind"] == "episode"]
@@ -408,9 +410,10 @@ def test_credit_trace_replays_the_run_and_records_what_cispo_trained(tmp_path, c
     assert [s["step"] for s in steps] == sorted(logged) and len(steps) >= 2
     assert any(s["evicted"] for s in steps)
     for s in steps:
-        assert len(s["batch"]) == 1 and s["batch"][0]["advantage"] == 0.0
-        assert s["batch"][0]["credit"] == logged[s["step"]]["extractor/reward"]
+        assert len(s["batch"]) == 1
+        assert s["batch"][0]["advantage"] == s["batch"][0]["credit"] == logged[s["step"]]["extractor/reward"]
         assert s["evicted"] == logged[s["step"]]["extractor/evicted"]
+    assert any(s["batch"][0]["credit"] != 0 for s in steps)   # so a batch-mean advantage (0 here) would differ
 
 
 def test_credit_trace_summary_by_hand(tmp_path, capsys):
