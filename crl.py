@@ -58,16 +58,16 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
   distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
 Options ours alone, off by default, that make the vault a clean control of co-evolution (runs/vault-clean.sh):
 `--credit lift` credits a lesson with its episode's gain over the same instance played without experience
-(episode_lift); `--instance-visits K` plays fresh instances K iterations each (visiting_instance);
-`--bank-min-cosine` serves only near lessons; `--extractor-none failure` lets only a lost episode yield no lesson;
-`--vault-reveal` ends a lost vault by naming its door, so every episode can teach (results/vault-reveal);
-`--extractor oracle` (static mode) writes the door each transcript shows, the ceiling of what lessons can give;
-`--head-start N` freezes the actor for N iterations, so the extractor learns before the actor's habit makes a
-lesson naming its first door cost nothing (results/vault-reveal/pilot); `--extractor-baseline none` makes a CISPO
-advantage the reward itself: the batch mean paid for lessons the actor ignored (results/vault-head/credit-trace).
-The vault's held-out instances have balanced doors and names training never draws (envs.held_out_seeds), and the
-attempts evaluation writes into a bank that starts empty: both so that it measures the lesson, not the lottery of
-which doors an actor happens to play or a lesson left over from training.
+(episode_lift); `--instance-visits K` plays fresh instances K iterations each (visiting_instance); `--bank-min-cosine`
+serves only near lessons; `--extractor-none failure` lets only a lost episode yield no lesson; `--vault-reveal` ends a
+lost vault by naming its door, so every episode can teach (results/vault-reveal); `--extractor oracle` (static mode)
+writes the door each transcript shows, the ceiling of what lessons can give; `--head-start N` freezes the actor for N
+iterations, so the extractor learns before the actor's habit makes a lesson naming its first door cost nothing
+(results/vault-reveal/pilot); `--extractor-baseline none` makes a CISPO advantage the reward itself: the batch mean
+paid for lessons the actor ignored (results/vault-head/credit-trace); `--lesson-prior N` (train.py) first teaches the
+actor to follow lessons: SmolLM2 follows four doors of eight (prior.py). The vault's held-out instances have balanced
+doors and names training never draws (envs.held_out_seeds), and the attempts evaluation writes into a bank that starts
+empty: so it measures the lesson, not the lottery of the doors an actor plays or a lesson left from training.
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it.

@@ -86,10 +86,9 @@ class RunConfig:
     eval_episodes: int = setting(64, "held-out episodes per task, with and without experience each", min=1)
     save_every: int | None = setting(None, "checkpoint every N iterations and after the last (default none: at the "
                                            "evaluations, or only after the last with --eval-every 0)", min=1)
-    lesson_prior: int = setting(0, "supervised steps that teach a fresh tiny actor to play the first move of the "
-                                   "lesson in its prompt, before RL: a stand-in for the instruction following the "
-                                   "paper's pretrained actors bring (every mode starts from the same init; 0: none)",
-                                min=0)
+    lesson_prior: int = setting(0, "supervised steps that teach the actor to play the first move of the lesson "
+                                   "in its prompt, before RL: a stand-in for the instruction following the paper's "
+                                   "larger actors bring (every mode starts from the same init; 0: none)", min=0)
     final_eval_episodes: int = setting(0, "after the last iteration, evaluate on this many held-out episodes per "
                                           "task each way and write OUT/final.json (0: no final evaluation)", min=0)
     final_attempts: int = setting(0, "with --final-eval-episodes, also play each of those held-out instances this many "
@@ -235,7 +234,7 @@ def model_dtype(args, device) -> torch.dtype:
 def load_model(spec: str, seed: int, device, dtype, args, prior=None):
     """The model with its weights in --master-dtype, computing in `dtype`; with --fsdp only rank 0 reads the
     weights, and every rank receives its shard of them (see parallel.prepare). `prior(model, tok)` trains a
-    fresh tiny model before that."""
+    fresh tiny model before that, a pretrained one after."""
     master, reads = getattr(torch, args.master_dtype), not args.fsdp or crl.rank() == 0
     if spec == "tiny":
         model = None
@@ -259,7 +258,10 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
         tok = load_tokenizer(spec)
     except (ValueError, FileNotFoundError, OSError) as err:
         sys.exit(f"error: cannot load checkpoint {spec!r}: {err}")
-    return parallel.prepare(model, device, dtype, args.fsdp, args.checkpoint_blocks), tok
+    model = parallel.prepare(model, device, dtype, args.fsdp, args.checkpoint_blocks)
+    if prior:   # a pretrained model's prior trains as RL will: computing in `dtype`, on every rank alike
+        prior(model, tok)
+    return model, tok
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -271,8 +273,8 @@ def build(args, device, dtype) -> tuple[crl.Run, int]:
     ckpt = rundir.checkpoint_to_resume(args)
     torch.manual_seed(args.seed)
     cfg = config_from(args)
-    prior = (lambda model, tok: teach_lessons(model, tok, cfg, args.tasks, args.lesson_prior, args.seed)
-             if args.lesson_prior else None)
+    prior = (lambda model, tok: teach_lessons(model, tok, cfg, args.tasks, args.lesson_prior, args.seed,
+                                              args.actor != "tiny") if args.lesson_prior and not ckpt else None)
     actor, actor_tok = load_model(os.path.join(ckpt, "actor") if ckpt else args.actor, args.seed, device, dtype,
                                   args, prior)
     extractor = extractor_tok = None
@@ -393,9 +395,8 @@ def train(args, device, owns_group: bool) -> crl.Run:
 
 def final_evaluation(run: crl.Run, args):
     """OUT/final.json: held-out success of the finished run on --final-eval-episodes (reproduce.py's table).
-    Training is over and checkpointed, so the optimizers' state and the gradients are freed first: the
-    evaluation's KV caches need the room (a SmolLM2 crl cell's final evaluation outgrew 24 GB beside them and
-    fit in a fresh process)."""
+    Training is over and checkpointed, so the optimizers' state and the gradients are freed first: the evaluation's KV
+    caches need the room (a SmolLM2 crl cell's outgrew 24 GB beside them, and fitted in a fresh process)."""
     run.actor_opt = run.extractor_opt = None
     for model in (run.actor, run.extractor):
         if model is not None:

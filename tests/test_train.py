@@ -453,11 +453,29 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
         return sum(move_probs(o, [a])[j] for o in obs for j, a in enumerate(env.actions)).item() / (4 * 8), obs
 
     before, _ = follow_rate()
-    prior.teach_lessons(model, tok, cfg, ["room"], 100, seed=0)
+    prior.teach_lessons(model, tok, cfg, ["room"], 100, seed=0, pretrained=False)
     after, obs = follow_rate()
     assert before < 0.2 and after > 0.3
     assert max(move_probs(o, []).max().item() for o in obs) < 0.5
 
+
+def test_a_pretrained_actors_lesson_prior_trains_it_before_rl_and_not_again_on_resume(tmp_path):
+    """--lesson-prior with a pretrained checkpoint (the tiny model saved as one, so a run takes that path): the
+    loaded actor leaves its weights before RL, and a resumed run starts from its checkpoint, not a second prior."""
+    from model import ByteTokenizer, Transformer
+    hf, out = str(tmp_path / "hf"), str(tmp_path / "run")
+    tiny_model(seed=0).save_pretrained(hf)
+    ByteTokenizer().save_pretrained(hf)
+    flags = [*STEPPING, "--mode", "grpo", "--actor", hf, "--lesson-prior", "2", "--iters", "1", "--out", out]
+
+    def same(model, path):
+        ref = Transformer.from_pretrained(path, dtype=torch.float32).state_dict()
+        return all(torch.equal(p, ref[k]) for k, p in model.state_dict().items())
+    built, _ = train.build(train.parse_args(flags), torch.device("cpu"), torch.float32)
+    assert not same(built.actor, hf)
+    train.main(flags)
+    resumed, start = train.build(train.parse_args(["--out", out, "--resume"]), torch.device("cpu"), torch.float32)
+    assert start == 1 and same(resumed.actor, os.path.join(out, "ckpt", "actor"))
 
 def test_ddp_updates_equal_one_process_on_the_same_episodes(tmp_path):
     """2 ranks against 1: every update of a 2-rank run in which both models really step (STEPPING), redone in

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Rebuilds results/vault-prior/pilot/: does the extractor win the race on the clean vault when the actor follows
+# lessons? results/vault-head's credit trace found the failing link on the actor's side: untrained SmolLM2 plays a
+# one-door lesson for four doors of eight, so a lesson naming another door has no effect and CISPO ranks it above a
+# misleading one. The lever: --lesson-prior 25 (prior.py: 25 supervised steps on prompts that each carry a random
+# one-door lesson; probes.lesson_follow measured 10 steps taking every door to 0.93-0.99). Same design as
+# runs/vault-baseline.sh: exp-only (the actor frozen, as crl's head start freezes it), vault-head's flags, the seeds
+# whose head start lost the race (1 and 2), 150 iterations, training metrics only: read lessons right by block of 30
+# (`python reproduce.py --tasks vault --race RUN`).
+# Usage, from anywhere: bash runs/vault-prior.sh [ROOT] [SEEDS]   writes ROOT/vault-prior/pilot/prior-seedK
+# (default ROOT: runs/rebuild; SEEDS default "1 2"). A run with a checkpoint resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${1:-runs/rebuild}
+SEEDS=${2:-"1 2"}
+for k in $SEEDS; do
+    out=$ROOT/vault-prior/pilot/prior-seed$k
+    resume=""; [ -f "$out/args.json" ] && resume=--resume
+    python train.py --tasks vault --mode exp-only --seed "$k" --iters 150 --final-eval-episodes 0 --final-attempts 0 \
+        --out "$out" --actor smollm2 --extractor smollm2 --instance-visits 4 --groups 4 --bank-min-cosine 0.999 \
+        --extractor-none failure --credit lift --merge-every 0 --extractor-lr 3e-5 --lesson-prior 25 $resume
+done
