@@ -19,7 +19,7 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
     to the game. For the fresh tiny actor half the prompts carry no lesson and a random move as the target,
     which keeps its lesson-free policy near uniform (the init RL explores from). A pretrained actor sees a
     lesson in every prompt, at a small step: random targets swung SmolLM2's lesson-free policy onto one door
-    whatever the lesson (lr 1e-5 to 1e-4), while lessons alone took it to following 0.99 of them in 25 steps."""
+    whatever the lesson (lr 1e-5 to 1e-4), while lessons alone took it to following 0.98 of them in 10 steps."""
     batch, lr, share = (16, 2e-5, 1.0) if pretrained else (32, 1e-3, 0.5)
     rng, pool = random.Random(seed), envs.EnvPool(cfg.show_map, cfg.steps, list_actions=cfg.list_actions)
     games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example

@@ -1,7 +1,7 @@
 """How often an actor plays the move a lesson names, on held-out starts: the probe of whether lessons can
 reach the actor at all. Run: python -m probes.lesson_follow [--run RUN_DIR] [--task TASK]
 [--starts N] [--moves-before K] [train.py flags that shape the prompt: --actor, --lesson-turn, --no-map, ...,
-and --lesson-prior, which trains the actor's lesson prior (prior.py) first].
+and --lesson-prior, which first trains the actor's lesson prior (prior.py), here in fp32].
 
 For each of N held-out starts (EVAL_SEED0...), after K random moves played in the episode's context (the
 whole episode, or the --history window, as rollouts build it), it reads the actor's exact constrained

@@ -466,7 +466,8 @@ def test_a_pretrained_actors_lesson_prior_trains_it_before_rl_and_not_again_on_r
     hf, out = str(tmp_path / "hf"), str(tmp_path / "run")
     tiny_model(seed=0).save_pretrained(hf)
     ByteTokenizer().save_pretrained(hf)
-    flags = [*STEPPING, "--mode", "grpo", "--actor", hf, "--lesson-prior", "2", "--iters", "1", "--out", out]
+    flags = [*STEPPING, "--mode", "grpo", "--max-steps", "1", "--max-reply-tokens", "4", "--actor", hf,
+             "--lesson-prior", "2", "--iters", "1", "--out", out]   # free text: the tiny presets are for "tiny"
 
     def same(model, path):
         ref = Transformer.from_pretrained(path, dtype=torch.float32).state_dict()
