@@ -67,7 +67,7 @@ iterations, so the extractor learns before the actor's habit makes a lesson nami
 paid for lessons the actor ignored (results/vault-head/credit-trace); `--lesson-prior N` (train.py) first teaches the
 actor to follow lessons: SmolLM2 follows four doors of eight (prior.py). The vault's held-out instances have balanced
 doors and names training never draws (envs.held_out_seeds), and the attempts evaluation writes into a bank that starts
-empty: so it measures the lesson, not the lottery of the doors an actor plays or a lesson left from training.
+empty: both so it measures the lesson, not the lottery of the doors an actor plays or a lesson left from training.
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it.

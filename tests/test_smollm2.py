@@ -128,7 +128,7 @@ def test_the_lesson_prior_teaches_smollm2_to_play_any_door_a_lesson_names(tmp_pa
                              "--out", str(tmp_path / "run")])
     run, _ = train.build(args, torch.device("cpu"), torch.float32)
     env, doors = envs.EnvPool().take("vault", train=False), envs.Vault.actions
-    obs = env.reset(seed=crl.EVAL_SEED0)
-    follow = [policy(run.actor.eval(), run.actor_tok, prompt_tokens(run.actor_tok, run.cfg, env, "vault", [], obs,
-                                                                    [door]), doors)[j] for j, door in enumerate(doors)]
+    obs, actor, tok = env.reset(seed=crl.EVAL_SEED0), run.actor.eval(), run.actor_tok
+    follow = [policy(actor, tok, prompt_tokens(tok, run.cfg, env, "vault", [], obs, [door]), doors)[j]
+              for j, door in enumerate(doors)]
     assert min(follow) > 0.8, follow

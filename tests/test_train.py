@@ -478,6 +478,7 @@ def test_a_pretrained_actors_lesson_prior_trains_it_before_rl_and_not_again_on_r
     resumed, start = train.build(train.parse_args(["--out", out, "--resume"]), torch.device("cpu"), torch.float32)
     assert start == 1 and same(resumed.actor, os.path.join(out, "ckpt", "actor"))
 
+
 def test_ddp_updates_equal_one_process_on_the_same_episodes(tmp_path):
     """2 ranks against 1: every update of a 2-rank run in which both models really step (STEPPING), redone in
     one process on both ranks' episodes (actor) or generations (extractor), from the same weights and AdamW
