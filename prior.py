@@ -18,15 +18,18 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
     observations of random play. It teaches no task skill: the lesson is random, so the target is unrelated
     to the game. For the fresh tiny actor half the prompts carry no lesson and a random move as the target,
     which keeps its lesson-free policy near uniform (the init RL explores from). A pretrained actor sees a
-    lesson in every prompt, at a small step: random targets swung SmolLM2's lesson-free policy onto one door
-    whatever the lesson (lr 1e-5 to 1e-4), while lessons alone took it to following 0.98 of them in 10 steps."""
-    batch, lr, share = (16, 2e-5, 1.0) if pretrained else (32, 1e-3, 0.5)
+    lesson in every opening, at a small step (random opening targets swung SmolLM2's lesson-free policy onto one
+    door whatever the lesson, lr 1e-5 to 1e-4), and half its examples are later turns of the episode, built as
+    rollouts build them: taught only openings, it played a wrong lesson's door again after it was locked (382 of
+    384 such plays, results/vault-prior/credit-trace/)."""
+    batch, lr = (16, 2e-5) if pretrained else (32, 1e-3)
     rng, pool = random.Random(seed), envs.EnvPool(cfg.show_map, cfg.steps, list_actions=cfg.list_actions)
     games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example
     examples = []
     for _ in range(batch * 32):
         task = rng.choice(tasks)
-        examples.append(lesson_example(tok, cfg, games[task], task, rng, share))
+        examples.append(episode_example(tok, cfg, games[task], task, rng) if pretrained
+                        else lesson_example(tok, cfg, games[task], task, rng))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     for _ in tqdm(range(steps), desc="lesson prior", unit="step", disable=crl.rank() != 0):
         tokens, mask, _ = pad_segments(rng.sample(examples, batch), next(model.parameters()).device)
@@ -37,19 +40,56 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         opt.step()
 
 
-def lesson_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random, share: float) -> crl.Segment:
-    """An observation after a few random moves and, with probability `share`, a random lesson in the prompt
-    with its first move as the reply (the trained tokens); else no lesson and a random move."""
+def lesson_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) -> crl.Segment:
+    """The tiny actor's example: an observation after a few random moves and, half the time, a random lesson in
+    the prompt with its first move as the reply (the trained tokens); else no lesson and a random move."""
     obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
     for _ in range(rng.randrange(cfg.steps(task))):
         obs, _, done, _ = env.step(rng.choice(env.actions))
         if done:
             obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
     plan = [rng.choice(env.actions) for _ in range(rng.randint(1, max(1, cfg.lesson_moves)))]
-    lessons = [" ".join(plan)] if rng.random() < share else []
+    lessons = [" ".join(plan)] if rng.random() < 0.5 else []
     plan[0] = plan[0] if lessons else rng.choice(env.actions)
     system, obs = crl.actor_opening(cfg, env, lessons, obs, False)
     example = crl.Segment()
     example.extend(crl.encode_chat(tok, crl.window_messages(system, [], obs, 0)))
     example.extend(tok.encode(plan[0], add_special_tokens=False) + [tok.eos_token_id], mask=True)
     return example
+
+
+def episode_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) -> crl.Segment:
+    """A pretrained actor's example, its prompt as a rollout builds it: a random one-move lesson opens the
+    episode; at the opening the target is the lesson's move, at a later turn (half the examples), after the
+    lesson's move and up to one other were played, a move the episode has not played yet (on the vault, a door
+    not yet tried), with the lesson in the opening or, for half of them, none."""
+    obs = env.reset(seed=rng.randrange(crl.EVAL_SEED0))
+    lesson, history = rng.choice(env.actions), []
+    if rng.random() < 0.5:
+        played = [lesson, *rng.sample([a for a in env.actions if a != lesson], rng.randint(0, 1))]
+        for move in played:
+            history.append((obs, move))
+            obs, _, done, _ = env.step(move)
+            if done:   # the lesson was right, or the game ended: teach the opening instead
+                return episode_example(tok, cfg, env, task, rng)
+        target = rng.choice([a for a in env.actions if a not in played])
+        lessons = [lesson] if rng.random() < 0.5 else []
+    else:
+        target, lessons = lesson, [lesson]
+    example = crl.Segment()
+    example.extend(rollout_prompt(tok, cfg, env, task, history, obs, lessons))
+    example.extend(tok.encode(target, add_special_tokens=False) + [tok.eos_token_id], mask=True)
+    return example
+
+
+def rollout_prompt(tok, cfg: crl.CRLConfig, env, task: str, history: list, obs: str, lessons: list[str]) -> list[int]:
+    """The actor's context at this turn as crl's rollout builds it: the opening carries the lessons, then the
+    (observation, reply) turns within the history window, then the new observation."""
+    first = history[0][0] if history else obs
+    system, opened = crl.actor_opening(cfg, env, lessons, first, can_ask=False)
+    if history:
+        history = [(opened, history[0][1])] + history[1:]
+    else:
+        obs = opened
+    window = cfg.window(task)
+    return crl.encode_chat(tok, crl.window_messages(system, history, obs, len(history) if window is None else window))

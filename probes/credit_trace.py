@@ -10,14 +10,16 @@ same kind of CPU they do, so what the trace shows is what the run did. It record
   vault that lesson came from, its moves, success and lift (crl.episode_lift);
 - each CISPO step (crl.extractor_update's batch, chosen as it chooses): each generation's text, mean credit and
   advantage (credit minus the batch mean; the credit with --extractor-baseline none), whether its lesson named its
-  own vault's door, and the evicted ones.
+  own vault's door, whether the episode it distilled won, and the evicted ones.
 The replay runs in a temporary directory; --trace FILE keeps the records (JSON lines). It prints, by block of
 iterations: the actor's first door without a lesson; for lessons read, right and wrong, how often the actor's
 first door was the lesson's (it followed) and the mean lift; the same by the door a lesson names, beside how often
 the actor opens with that door unprompted; and the generations CISPO trained: right, wrong naming a door the actor
 followed in under half of that door's reads in the block, and the other wrong, each with its mean credit and its
-summed advantage (what CISPO pushed up or down). A lesson the actor does not follow has a lift near 0, and the
-advantage subtracts the batch's mean credit: where most lessons hurt, such a lesson is pushed up.
+summed advantage (what CISPO pushed up or down), and split by whether the episode a generation distilled won
+(after a loss the transcript shows no door: a right lesson there is a guess). A lesson the actor does not
+follow has a lift near 0, and the advantage subtracts the batch's mean credit: where most lessons hurt, such a
+lesson is pushed up.
 """
 import argparse
 import collections
@@ -45,7 +47,15 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
         raise SystemExit(f"error: {run_dir} trains on {args.tasks}; this probe reads vault runs (--tasks vault)")
     device = train.setup_distributed(args)
     run, _ = train.build(args, device, train.model_dtype(args, device))
-    records, credit, update = [], crl.credit_generations, crl.extractor_update
+    records, credit, update, distill = [], crl.credit_generations, crl.extractor_update, crl.distill
+    won = {}   # generation id -> whether the episode it distilled won
+
+    def recorded_distill(run, eps, step, rng, record=True):
+        first = run.generations_made   # one process: crl.extractor_generate numbers the prompts in order from here
+        ops = distill(run, eps, step, rng, record)
+        if record and run.extractor is not None:
+            won.update({first + i: e.success for i, e in enumerate(eps)})
+        return ops
 
     def recorded_credit(run, eps):
         for e, lift in zip(eps, crl.episode_lift(eps)):
@@ -67,7 +77,7 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
                 lesson = first_word(text.split(":")[-1])
                 rows.append({"id": gid, "text": text, "lesson": lesson, "credit": sum(ready[gid].credits)
                              / len(ready[gid].credits), "right": lesson == envs.vault_door(origin[gid])
-                             if origin.get(gid) is not None else None})
+                             if origin.get(gid) is not None else None, "won": won.get(gid)})
             mean = sum(r["credit"] for r in rows) / len(rows)
             baseline = mean if run.cfg.extractor_baseline == "batch" else 0.0   # crl.extractor_update's advantage
             for r in rows:
@@ -76,13 +86,13 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
                             "evicted": len(queue) - run.cfg.extractor_batch})
         return update(run)
 
-    crl.credit_generations, crl.extractor_update = recorded_credit, recorded_update
+    crl.credit_generations, crl.extractor_update, crl.distill = recorded_credit, recorded_update, recorded_distill
     metrics = []
     try:
         for step in tqdm(range(iters), desc=f"replaying {run_dir}", unit="it"):
             metrics.append(train.iteration(run, args, step))
     finally:
-        crl.credit_generations, crl.extractor_update = credit, update
+        crl.credit_generations, crl.extractor_update, crl.distill = credit, update, distill
         if run.manager is not None:
             run.manager.close()
     same = f"{run_dir}: its first {iters} iterations replay value for value"
@@ -132,6 +142,12 @@ def summary(records: list[dict], block: int) -> list[str]:
                                                          and g["lesson"] not in seldom])):
             lines.append(f"    {kind}: {len(gs)}, {mean(g['credit'] for g in gs)}, "
                          f"{sum(g['advantage'] for g in gs):+.2f}")
+        by_outcome = (("win", [g for g in trained if g.get("won") is True]),   # None: a trace made before `won`
+                      ("loss", [g for g in trained if g.get("won") is False]))
+        lines.append("  CISPO by the episode distilled (generations, right, mean credit, summed advantage): "
+                     + "; ".join(f"after a {name} {len(gs)}, {sum(bool(g['right']) for g in gs)}, "
+                                 f"{mean(g['credit'] for g in gs)}, {sum(g['advantage'] for g in gs):+.2f}"
+                                 for name, gs in by_outcome))
         by_door = collections.defaultdict(list)
         for g in trained:
             by_door[g["lesson"]].append(g["advantage"])

@@ -8,7 +8,9 @@ whole episode, or the --history window, as rollouts build it), it reads the acto
 policy over the 8 moves (probes.policy) with no lesson, and with each one-move lesson `MOVE` (what
 the extractor writes with --lesson-moves 1), placed where the settings put it. Reports P(move | lesson
 names it) against P(move | no lesson), and per move. With --run, the run's flags and trained actor. On the
-vault a move is a door.
+vault a move is a door. With --moved-on it also plays each lesson's move and, where the episode goes on, reads
+P(a move not yet played) at the next turn, with that lesson and without one: whether the actor leaves a wrong
+lesson's door once it is locked, or plays it again.
 """
 import argparse
 import os
@@ -21,21 +23,8 @@ import envs
 import train
 from hf import load_tokenizer
 from model import Transformer
-from prior import teach_lessons
+from prior import rollout_prompt, teach_lessons
 from probes import policy
-
-
-def prompt_tokens(tok, cfg, env, task: str, history: list, obs: str, lesson: list[str]) -> list[int]:
-    """The actor's context at this turn, built as crl's rollout builds it (the opening turn carries the lesson)."""
-    first = history[0][0] if history else obs
-    system, opened = crl.actor_opening(cfg, env, lesson, first, can_ask=False)
-    if history:
-        history = [(opened, history[0][1])] + history[1:]
-    else:
-        obs = opened
-    window = cfg.window(task)
-    h = len(history) if window is None else window
-    return crl.encode_chat(tok, crl.window_messages(system, history, obs, h))
 
 
 def main(argv=None):
@@ -44,6 +33,7 @@ def main(argv=None):
     p.add_argument("--task", choices=[*envs.MINIHACK, "vault"], help="default: the run's first, else room")
     p.add_argument("--starts", type=int, default=24)
     p.add_argument("--moves-before", type=int, default=0, help="random moves played before the turn measured")
+    p.add_argument("--moved-on", action="store_true", help="also read the turn after the lesson's move was played")
     mine, rest = p.parse_known_args(argv)
     args = train.parse_args([*rest, "--out", mine.run, "--resume"] if mine.run else rest)   # the run's flags
     cfg = train.config_from(args)
@@ -55,6 +45,7 @@ def main(argv=None):
     model.eval()
     env = envs.EnvPool(cfg.show_map, cfg.steps).take(task, train=False)
     rng, base, follow = random.Random(0), [], {a: [] for a in env.actions}
+    moved = {a: ([], []) for a in env.actions}   # P(a move not yet played) at the next turn, with / without lesson
     for i in range(mine.starts):
         obs, history = env.reset(seed=crl.EVAL_SEED0 + i), []
         for _ in range(mine.moves_before):
@@ -64,10 +55,22 @@ def main(argv=None):
             if done:   # a walk that ended the episode: measure from a fresh start instead
                 obs, history = env.reset(seed=crl.EVAL_SEED0 + i), []
         actions = tuple(env.actions)
-        base.append(policy(model, tok, prompt_tokens(tok, cfg, env, task, history, obs, []), actions))
+        base.append(policy(model, tok, rollout_prompt(tok, cfg, env, task, history, obs, []), actions))
         for j, move in enumerate(actions):
-            prompt = prompt_tokens(tok, cfg, env, task, history, obs, [move])
+            prompt = rollout_prompt(tok, cfg, env, task, history, obs, [move])
             follow[move].append(policy(model, tok, prompt, actions)[j].item())
+        for move in actions if mine.moved_on else ():
+            env.reset(seed=crl.EVAL_SEED0 + i)
+            for _, m in history:
+                env.step(m)
+            after, _, done, _ = env.step(move)
+            if done:   # the lesson's move ended the episode (on the vault: the lesson was right)
+                continue
+            turns = history + [(obs, move)]
+            fresh = [k for k, a in enumerate(actions) if a not in {m for _, m in turns}]
+            for lesson, out in zip(([move], []), moved[move]):
+                prompt = rollout_prompt(tok, cfg, env, task, turns, after, lesson)
+                out.append(policy(model, tok, prompt, actions)[fresh].sum().item())
     base = torch.stack(base).mean(0)
     lifted = sum(sum(v) for v in follow.values()) / sum(len(v) for v in follow.values())
     print(f"{mine.run or args.actor} on {task} (lesson_turn={cfg.lesson_turn}, map={cfg.show_map}, "
@@ -75,6 +78,10 @@ def main(argv=None):
           f"{mine.starts} starts): P(move | lesson names it) {lifted:.3f}, P(move | no lesson) {base.mean():.3f}")
     for j, move in enumerate(actions):
         print(f"  {move:>9}: with lesson {sum(follow[move]) / len(follow[move]):.3f}, without {base[j]:.3f}")
+    if mine.moved_on:
+        with_, without = ([x for a in actions for x in moved[a][k]] for k in (0, 1))
+        print(f"after the lesson's move was played and the episode went on ({len(with_)} plays): P(a move not yet "
+              f"played) {sum(with_) / len(with_):.3f} with the lesson, {sum(without) / len(without):.3f} without")
 
 
 if __name__ == "__main__":

@@ -7,14 +7,17 @@
 # runs/vault-baseline.sh: exp-only (the actor frozen, as crl's head start freezes it), vault-head's flags, the seeds
 # whose head start lost the race (1 and 2), 150 iterations, training metrics only: read lessons right by block of 30
 # (`python reproduce.py --tasks vault --race RUN`).
-# Usage, from anywhere: bash runs/vault-prior.sh [ROOT] [SEEDS]   writes ROOT/vault-prior/pilot/prior-seedK
-# (default ROOT: runs/rebuild; SEEDS default "1 2"). A run with a checkpoint resumes.
+# Usage, from anywhere: bash runs/vault-prior.sh [ROOT] [SEEDS] [DIR]   writes ROOT/vault-prior/DIR/prior-seedK
+# (default ROOT: runs/rebuild; SEEDS default "1 2"; DIR default pilot). A run with a checkpoint resumes.
+# pilot/ ran at 9de3a95, whose prior taught openings only (the actor then played a wrong lesson's door again once it
+# was locked); pilot2/ at the commit that added it, whose prior also teaches later turns (a door not yet tried).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
 SEEDS=${2:-"1 2"}
+DIR=${3:-pilot}
 for k in $SEEDS; do
-    out=$ROOT/vault-prior/pilot/prior-seed$k
+    out=$ROOT/vault-prior/$DIR/prior-seed$k
     resume=""; [ -f "$out/args.json" ] && resume=--resume
     python train.py --tasks vault --mode exp-only --seed "$k" --iters 150 --final-eval-episodes 0 --final-attempts 0 \
         --out "$out" --actor smollm2 --extractor smollm2 --instance-visits 4 --groups 4 --bank-min-cosine 0.999 \

@@ -383,15 +383,23 @@ def vault_run(tmp_path_factory):
     return out
 
 
-def test_credit_trace_replays_the_run_and_records_what_cispo_trained(tmp_path, capsys):
+def test_credit_trace_replays_the_run_and_records_what_cispo_trained(tmp_path, capsys, monkeypatch):
     """The replay of a tiny vault run under the lift credit equals its metrics; every episode is recorded with the
     lift crl credits; each recorded CISPO batch is the one crl trained: its mean credit is the run's logged
     extractor/reward and it evicted as many as crl did (a batch of 1, so the newest is chosen among several); with
-    --extractor-baseline none the advantage is that reward."""
+    --extractor-baseline none the advantage is that reward; each trained generation says whether the episode it
+    distilled won, as its prompt shows."""
     run = str(tmp_path / "run")
     train.main(["--tasks", "vault", "--mode", "crl", "--iters", "4", "--out", run, *FAST, "--eval-every", "0",
                 "--final-eval-episodes", "0", "--credit", "lift", "--extractor-batch", "1",
-                "--extractor-baseline", "none"])
+                "--extractor-baseline", "none", "--seed", "1"])   # seed 1: CISPO trains on a win and on losses
+    prompts, generate = {}, crl.extractor_generate   # each generation's prompt, read apart from the probe
+
+    def seen(run, prompts_in, *a, **k):
+        out = generate(run, prompts_in, *a, **k)
+        prompts.update({gid: run.extractor_tok.decode(p) for (gid, _), p in zip(out, prompts_in)})
+        return out
+    monkeypatch.setattr(crl, "extractor_generate", seen)
     records = credit_trace.trace(run, 4, str(tmp_path / "replay"))
     assert "its first 4 iterations replay value for value" in capsys.readouterr().out
     eps = [r for r in records if r["kind"] == "episode"]
@@ -414,13 +422,16 @@ def test_credit_trace_replays_the_run_and_records_what_cispo_trained(tmp_path, c
         assert s["batch"][0]["advantage"] == s["batch"][0]["credit"] == logged[s["step"]]["extractor/reward"]
         assert s["evicted"] == logged[s["step"]]["extractor/evicted"]
     assert any(s["batch"][0]["credit"] != 0 for s in steps)   # so a batch-mean advantage (0 here) would differ
+    trained = [g for s in steps for g in s["batch"]]   # whether its episode won: the vault's opening line in its prompt
+    assert [g["won"] for g in trained] == ["You are out." in prompts[g["id"]] for g in trained]
+    assert {g["won"] for g in trained} == {True, False}
 
 
 def test_credit_trace_summary_by_hand(tmp_path, capsys):
     """Block 0: two plays without a lesson (first doors east, west); a right lesson followed and won (lift +1), a
     wrong `north` followed and lost (lift -0.5), a wrong `north` ignored and won (lift +0.5), a wrong `south`
     ignored; two CISPO steps trained a right generation, a wrong `south` (a door followed in 0 of its reads) and two
-    wrong `north` (followed in half of theirs), evicting 3."""
+    wrong `north` (followed in half of theirs, one distilled from a win), evicting 3; the right one's episode won."""
     def ep(door, lesson, moves, success, lift, with_exp=True):
         return {"kind": "episode", "step": 1, "door": door, "with_exp": with_exp, "lesson": lesson, "moves": moves,
                 "success": success, "lift": lift}
@@ -428,11 +439,11 @@ def test_credit_trace_summary_by_hand(tmp_path, capsys):
                ep("east", "east", ["east"], True, 1.0), ep("east", "north", ["north", "west"], False, -0.5),
                ep("west", "north", ["west"], True, 0.5), ep("west", "south now", ["east", "west"], True, 0.0),
                {"kind": "cispo", "step": 2, "evicted": 3, "batch": [
-                   {"lesson": "east", "right": True, "credit": 1.0, "advantage": 0.5},
-                   {"lesson": "south", "right": False, "credit": 0.0, "advantage": -0.5}]},
+                   {"lesson": "east", "right": True, "credit": 1.0, "advantage": 0.5, "won": True},
+                   {"lesson": "south", "right": False, "credit": 0.0, "advantage": -0.5, "won": False}]},
                {"kind": "cispo", "step": 3, "evicted": 0, "batch": [
-                   {"lesson": "north", "right": False, "credit": -0.5, "advantage": 0.0},
-                   {"lesson": "north", "right": False, "credit": -0.5, "advantage": 0.0}]}]
+                   {"lesson": "north", "right": False, "credit": -0.5, "advantage": 0.0, "won": True},
+                   {"lesson": "north", "right": False, "credit": -0.5, "advantage": 0.0, "won": False}]}]
     want = [
         "iterations 0-29:",
         "  first door without a lesson: east 0.50, west 0.50",
@@ -446,6 +457,8 @@ def test_credit_trace_summary_by_hand(tmp_path, capsys):
         "    right: 1, +1.000, +0.50",
         "    wrong, naming a door followed in under half its reads: 1, +0.000, -0.50",
         "    wrong, naming another door: 2, -0.500, +0.00",
+        "  CISPO by the episode distilled (generations, right, mean credit, summed advantage): "
+        "after a win 2, 1, +0.250, +0.50; after a loss 2, 0, -0.250, -0.50",
         "  CISPO by lesson (generations, summed advantage): north 2, +0.00; east 1, +0.50; south 1, -0.50",
         "  evicted untrained: 3"]
     assert credit_trace.summary(records, 30) == want

@@ -121,14 +121,24 @@ def test_one_training_iteration_as_actor_and_extractor(tmp_path):
 def test_the_lesson_prior_teaches_smollm2_to_play_any_door_a_lesson_names(tmp_path):
     """--lesson-prior on the pretrained actor, built as a run builds it: untrained, SmolLM2 plays a one-door
     lesson 0.50 of the time on the vault (probes.lesson_follow, 16 vaults: 0.83-0.88 for the doors it opens
-    unprompted, 0.17-0.24 for the others); after 10 prior steps it plays each door a lesson names above 0.8."""
+    unprompted, 0.17-0.24 for the others); after 10 prior steps it plays each door a lesson names above 0.7
+    (0.80-0.97 on this vault), and once that door is locked it moves on (0.53 of the time on this vault and on 16,
+    0.92 on 16 after 25 steps; untrained 0.26; a prior taught only openings 0.02 here, 0.004 on 16 after 25 steps)."""
     from probes import policy
-    from probes.lesson_follow import prompt_tokens
+    from prior import rollout_prompt
     args = train.parse_args(["--tasks", "vault", "--actor", "smollm2", "--mode", "grpo", "--lesson-prior", "10",
                              "--out", str(tmp_path / "run")])
     run, _ = train.build(args, torch.device("cpu"), torch.float32)
     env, doors = envs.EnvPool().take("vault", train=False), envs.Vault.actions
     obs, actor, tok = env.reset(seed=crl.EVAL_SEED0), run.actor.eval(), run.actor_tok
-    follow = [policy(actor, tok, prompt_tokens(tok, run.cfg, env, "vault", [], obs, [door]), doors)[j]
+    follow = [policy(actor, tok, rollout_prompt(tok, run.cfg, env, "vault", [], obs, [door]), doors)[j]
               for j, door in enumerate(doors)]
-    assert min(follow) > 0.8, follow
+    assert min(follow) > 0.7, follow
+    moved_on = []   # a wrong lesson's door tried and locked: the mass on the doors not yet tried
+    for j, door in enumerate(doors):
+        env.reset(seed=crl.EVAL_SEED0)
+        after, _, done, _ = env.step(door)
+        if not done:
+            prompt = rollout_prompt(tok, run.cfg, env, "vault", [(obs, door)], after, [door])
+            moved_on.append(1 - policy(actor, tok, prompt, doors)[j].item())
+    assert len(moved_on) == 7 and sum(moved_on) / 7 > 0.3, moved_on
