@@ -86,9 +86,9 @@ class RunConfig:
     eval_episodes: int = setting(64, "held-out episodes per task, with and without experience each", min=1)
     save_every: int | None = setting(None, "checkpoint every N iterations and after the last (default none: at the "
                                            "evaluations, or only after the last with --eval-every 0)", min=1)
-    lesson_prior: int = setting(0, "supervised steps that teach the actor to play the first move of the lesson "
-                                   "in its prompt, before RL: a stand-in for the instruction following the paper's "
-                                   "larger actors bring (every mode starts from the same init; 0: none)", min=0)
+    lesson_prior: int = setting(0, "supervised steps before RL that teach the actor to play a lesson's first move, "
+                                   "and a pretrained one to move on once it is played: a stand-in for the paper's "
+                                   "larger actors' instruction following (all modes share the init; 0: none)", min=0)
     final_eval_episodes: int = setting(0, "after the last iteration, evaluate on this many held-out episodes per "
                                           "task each way and write OUT/final.json (0: no final evaluation)", min=0)
     final_attempts: int = setting(0, "with --final-eval-episodes, also play each of those held-out instances this many "
