@@ -1,7 +1,8 @@
 """prior.py — the actor's lesson prior (train.py --lesson-prior): supervised steps that teach the actor to play the
-first move of a lesson in its prompt, before RL. Not in the paper; for the small models, which read lessons only
-after it: the fresh tiny actor, and SmolLM2-135M, which on the vault plays a one-door lesson 0.50 of the time
-(0.83-0.88 for the doors it opens unprompted, 0.17-0.24 for the others)."""
+first move of a lesson in its prompt, and a pretrained one to move on once that move is played, before RL. Not in
+the paper; for the small models, which read lessons only after it: the fresh tiny actor, and SmolLM2-135M, which on
+the vault plays a one-door lesson 0.50 of the time (0.83-0.88 for the doors it opens unprompted, 0.17-0.24 for the
+others) and plays the lesson's door again once it is locked 0.74 of the time."""
 import random
 
 import torch
@@ -13,15 +14,15 @@ from update import pad_segments
 
 
 def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, seed: int, pretrained: bool):
-    """The actor's lesson-following prior: cross-entropy on the first move of a random lesson (a plan of the
-    task's action words, as --lesson-moves writes them) in prompts built exactly as rollouts build them, over
-    observations of random play. It teaches no task skill: the lesson is random, so the target is unrelated
-    to the game. For the fresh tiny actor half the prompts carry no lesson and a random move as the target,
-    which keeps its lesson-free policy near uniform (the init RL explores from). A pretrained actor sees a
-    lesson in every opening, at a small step (random opening targets swung SmolLM2's lesson-free policy onto one
+    """The actor's lesson-following prior: cross-entropy on the first move of a random lesson (a plan of the task's
+    action words, as --lesson-moves writes them; one move for a pretrained actor) in prompts built exactly as
+    rollouts build them, over observations of random play. It teaches no task skill: the lesson is random, so the
+    target is unrelated to the game. For the fresh tiny actor half the prompts carry no lesson and a random move as
+    the target, which keeps its lesson-free policy near uniform (the init RL explores from). A pretrained actor sees
+    a lesson in every opening, at a small step (random opening targets swung SmolLM2's lesson-free policy onto one
     door whatever the lesson, lr 1e-5 to 1e-4), and half its examples are later turns of the episode, built as
-    rollouts build them: taught only openings, it played a wrong lesson's door again after it was locked (382 of
-    384 such plays, results/vault-prior/credit-trace/)."""
+    rollouts build them: taught only openings, it played a wrong lesson's door again after it was locked (382 of 384
+    such plays, results/vault-prior/credit-trace/)."""
     batch, lr = (16, 2e-5) if pretrained else (32, 1e-3)
     rng, pool = random.Random(seed), envs.EnvPool(cfg.show_map, cfg.steps, list_actions=cfg.list_actions)
     games = {task: pool.take(task) for task in tasks}   # one env per task, reset for every example
