@@ -65,7 +65,7 @@ writes the door each transcript shows, the ceiling of what lessons can give; `--
 iterations, so the extractor learns before the actor's habit makes a lesson naming its first door cost nothing
 (results/vault-reveal/pilot); `--extractor-baseline none` makes a CISPO advantage the reward itself: the batch mean
 paid for lessons the actor ignored (results/vault-head/credit-trace); `--lesson-prior N` (train.py) first teaches the
-actor to follow lessons: SmolLM2 follows four doors of eight (prior.py). The vault's held-out instances have balanced
+actor to follow a lesson and then search (prior.py). The vault's held-out instances have balanced
 doors and names training never draws (envs.held_out_seeds), and the attempts evaluation writes into a bank that starts
 empty: both so it measures the lesson, not the lottery of the doors an actor plays or a lesson left from training.
 
