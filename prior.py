@@ -52,11 +52,7 @@ def lesson_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) 
     plan = [rng.choice(env.actions) for _ in range(rng.randint(1, max(1, cfg.lesson_moves)))]
     lessons = [" ".join(plan)] if rng.random() < 0.5 else []
     plan[0] = plan[0] if lessons else rng.choice(env.actions)
-    system, obs = crl.actor_opening(cfg, env, lessons, obs, False)
-    example = crl.Segment()
-    example.extend(crl.encode_chat(tok, crl.window_messages(system, [], obs, 0)))
-    example.extend(tok.encode(plan[0], add_special_tokens=False) + [tok.eos_token_id], mask=True)
-    return example
+    return taught(tok, rollout_prompt(tok, cfg, env, task, [], obs, lessons), plan[0])
 
 
 def episode_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) -> crl.Segment:
@@ -77,9 +73,14 @@ def episode_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random)
         lessons = [lesson] if rng.random() < 0.5 else []
     else:
         target, lessons = lesson, [lesson]
+    return taught(tok, rollout_prompt(tok, cfg, env, task, history, obs, lessons), target)
+
+
+def taught(tok, prompt: list[int], move: str) -> crl.Segment:
+    """A prompt and the move taught as its reply: only the reply's tokens are trained."""
     example = crl.Segment()
-    example.extend(rollout_prompt(tok, cfg, env, task, history, obs, lessons))
-    example.extend(tok.encode(target, add_special_tokens=False) + [tok.eos_token_id], mask=True)
+    example.extend(prompt)
+    example.extend(tok.encode(move, add_special_tokens=False) + [tok.eos_token_id], mask=True)
     return example
 
 
