@@ -7,19 +7,24 @@
 # runs/vault-baseline.sh: exp-only (the actor frozen, as crl's head start freezes it), vault-head's flags, the seeds
 # whose head start lost the race (1 and 2), 150 iterations, training metrics only: read lessons right by block of 30
 # (`python reproduce.py --tasks vault --race RUN`).
-# Usage, from anywhere: bash runs/vault-prior.sh [ROOT] [SEEDS] [DIR]   writes ROOT/vault-prior/DIR/prior-seedK
-# (default ROOT: runs/rebuild; SEEDS default "1 2"; DIR default pilot). A run with a checkpoint resumes.
+# Usage, from anywhere: bash runs/vault-prior.sh [ROOT] [SEEDS] [DIR] [FLAGS]   writes ROOT/vault-prior/DIR/prior-seedK
+# (default ROOT: runs/rebuild; SEEDS default "1 2"; DIR default pilot; FLAGS, added to train.py's, default none).
+# A run with a checkpoint resumes. MODE, ITERS and HEAD (environment) replace exp-only, 150 and --head-start 0.
 # pilot/ ran at 9de3a95, whose prior taught openings only (the actor then played a wrong lesson's door again once it
-# was locked); pilot2/ at the commit that added it, whose prior also teaches later turns (a door not yet tried).
+# was locked); pilot2/ at the commit that added it, whose prior also teaches later turns (a door not yet tried);
+# reveal/ with FLAGS "--vault-reveal --extractor-none never": pilot2's design on the vault where a loss shows its door;
+# head90/ with MODE=crl ITERS=180 HEAD=90 and SEEDS 1: pilot2's seed 1 as crl, the actor training from iteration 90.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
 SEEDS=${2:-"1 2"}
 DIR=${3:-pilot}
+FLAGS=${4:-}
 for k in $SEEDS; do
     out=$ROOT/vault-prior/$DIR/prior-seed$k
     resume=""; [ -f "$out/args.json" ] && resume=--resume
-    python train.py --tasks vault --mode exp-only --seed "$k" --iters 150 --final-eval-episodes 0 --final-attempts 0 \
-        --out "$out" --actor smollm2 --extractor smollm2 --instance-visits 4 --groups 4 --bank-min-cosine 0.999 \
-        --extractor-none failure --credit lift --merge-every 0 --extractor-lr 3e-5 --lesson-prior 25 $resume
+    python train.py --tasks vault --mode "${MODE:-exp-only}" --seed "$k" --iters "${ITERS:-150}" \
+        --head-start "${HEAD:-0}" --final-eval-episodes 0 --final-attempts 0 --out "$out" --actor smollm2 \
+        --extractor smollm2 --instance-visits 4 --groups 4 --bank-min-cosine 0.999 --extractor-none failure \
+        --credit lift --merge-every 0 --extractor-lr 3e-5 --lesson-prior 25 $FLAGS $resume
 done
