@@ -650,60 +650,63 @@ def _wait_for_lines(path: str, n: int, proc, timeout: float = 300):
     raise AssertionError(f"{path} did not reach {n} lines (exit {proc.poll()})")
 
 
-def _stopped_then_resumed(command, out: str, sig, iters: int, one_rank: bool = False) -> int:
-    """Start `command()`, send `sig` at a random moment after its first 1-3 steps (one_rank: to one of torchrun's
-    ranks, drawn at random, not to torchrun), check it stopped at a checkpoint of the last step it logged and said
-    so, then resume it to the end: every step logged exactly once."""
+def _stopped_then_resumed(command, out: str, stops: list[tuple], iters: int) -> list[int]:
+    """Start `command()`; for each (signal, one_rank) in `stops`, send the signal at a random moment after 1-3
+    more steps (one_rank: to one of torchrun's ranks, drawn at random, not to torchrun), check the run stopped at a
+    checkpoint of the last step it logged and said so, and start it again with --resume; the last start runs to
+    the end: every step logged exactly once. Returns the stopped runs' exit codes."""
     import random
     import signal as signals
-    rng = random.Random()
-    p = subprocess.Popen(command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    _wait_for_lines(os.path.join(out, "metrics.jsonl"), rng.randint(1, 3), p)
-    time.sleep(rng.uniform(0, 0.5))
-    if one_rank:
-        ranks = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
-        assert len(ranks) == 2, ranks
-        os.kill(int(rng.choice(ranks)), sig)
-    else:
-        p.send_signal(sig)
-    stdout, stderr = p.communicate(timeout=300)
-    steps = [r["step"] for r in read_metrics(out)]
-    last = steps[-1]
-    assert f"stopped by {signals.Signals(sig).name} after step {last}: checkpoint in" in stdout, stderr[-2000:]
-    assert steps == list(range(last + 1)) and last < iters - 1
-    assert torch.load(os.path.join(out, "ckpt", "state.pt"), weights_only=False)["step"] == last
-    q = subprocess.run(command() + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    rng, codes, metrics = random.Random(), [], os.path.join(out, "metrics.jsonl")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k, (sig, one_rank) in enumerate(stops):
+        logged = sum(1 for _ in open(metrics)) if k else 0
+        p = subprocess.Popen(command() + ["--resume"] * (k > 0), cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        _wait_for_lines(metrics, logged + rng.randint(1, 3), p)
+        time.sleep(rng.uniform(0, 0.5))
+        if one_rank:
+            ranks = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+            assert len(ranks) == 2, ranks
+            os.kill(int(rng.choice(ranks)), sig)
+        else:
+            p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=300)
+        steps = [r["step"] for r in read_metrics(out)]
+        last = steps[-1]
+        assert f"stopped by {signals.Signals(sig).name} after step {last}: checkpoint in" in stdout, stderr[-2000:]
+        assert steps == list(range(last + 1)) and last < iters - 1
+        assert torch.load(os.path.join(out, "ckpt", "state.pt"), weights_only=False)["step"] == last
+        codes.append(p.returncode)
+    q = subprocess.run(command() + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert q.returncode == 0, q.stderr[-2000:]
     assert [r["step"] for r in read_metrics(out)] == list(range(iters))   # no logged step trained again
-    return p.returncode
+    return codes
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_a_signal_stops_the_run_at_a_checkpoint_and_resume_trains_no_step_again(tmp_path, sig):
-    """SIGTERM (a cluster's or torchrun's notice) or SIGINT at a random moment: the iteration under way ends and
-    is checkpointed (no periodic checkpoint is due: --eval-every 0 saves only after the last step), one line
-    says so, the exit code is 128 + the signal's; --resume continues from the next step."""
+def test_a_signal_stops_the_run_at_a_checkpoint_and_resume_trains_no_step_again(tmp_path):
+    """SIGTERM (a cluster's or torchrun's notice) at a random moment, and SIGINT at another after the resume: each
+    time the iteration under way ends and is checkpointed (no periodic checkpoint is due: --eval-every 0 saves only
+    after the last step), one line says so, the exit code is 128 + the signal's; --resume continues from the next
+    step."""
     import signal as signals
     out, iters = str(tmp_path / "run"), 12
     cmd = [sys.executable, "train.py", "--tasks", "room", "--mode", "crl", *FAST, "--eval-every", "0",
            "--iters", str(iters), "--out", out]
-    num = getattr(signals, sig)
-    assert _stopped_then_resumed(lambda: cmd, out, num, iters) == 128 + num
+    stops = [(signals.SIGTERM, False), (signals.SIGINT, False)]
+    assert _stopped_then_resumed(lambda: cmd, out, stops, iters) == [128 + sig for sig, _ in stops]
 
 
-@pytest.mark.parametrize("one_rank", [False, True])
-def test_sigterm_under_torchrun_stops_every_rank_at_the_same_step(tmp_path, one_rank):
-    """torchrun with 2 ranks, SIGTERM at a random moment to torchrun (which passes it to both ranks) or to one
-    rank alone: both ranks stop after the same iteration (the last one logged), checkpoint it together, and
-    resume from the next."""
+def test_sigterm_under_torchrun_stops_every_rank_at_the_same_step(tmp_path):
+    """torchrun with 2 ranks, SIGTERM at a random moment to torchrun (which passes it to both ranks), and at
+    another after the resume to one rank alone: both ranks stop after the same iteration (the last one logged),
+    checkpoint it together, and resume from the next."""
     import signal as signals
     out, iters = str(tmp_path / "run"), 12
     cmd = lambda: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",  # noqa: E731
                    "--master_port", str(_free_port()), "train.py", "--tasks", "room", "--mode", "crl", *FAST,
                    "--eval-every", "0", "--iters", str(iters), "--out", out]   # a fresh port per launch
-    _stopped_then_resumed(cmd, out, signals.SIGTERM, iters, one_rank)
+    _stopped_then_resumed(cmd, out, [(signals.SIGTERM, False), (signals.SIGTERM, True)], iters)
 
 
 def test_a_run_that_used_a_retired_option_resumes_only_at_its_commit(tmp_path, capsys):
