@@ -14,6 +14,8 @@
 # was locked); pilot2/ at the commit that added it, whose prior also teaches later turns (a door not yet tried);
 # reveal/ with FLAGS "--vault-reveal --extractor-none never": pilot2's design on the vault where a loss shows its door;
 # head90/ with MODE=crl ITERS=180 HEAD=90 and SEEDS 1: pilot2's seed 1 as crl, the actor training from iteration 90.
+# reveal-failure/ with SEEDS "2 1" and FLAGS "--vault-reveal": the reveal with --extractor-none failure (a loss may
+# yield no lesson); only seed 2 ran. reveal-crl/ and reveal-long/ continue reveal/'s runs (their ran-on.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
