@@ -16,6 +16,7 @@
 # head90/ with MODE=crl ITERS=180 HEAD=90 and SEEDS 1: pilot2's seed 1 as crl, the actor training from iteration 90.
 # reveal-failure/ with SEEDS "2 1" and FLAGS "--vault-reveal": the reveal with --extractor-none failure (a loss may
 # yield no lesson); only seed 2 ran. reveal-crl/ and reveal-long/ continue reveal/'s runs (their ran-on.txt).
+# reveal-search1/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --bank-search-batch 1 --save-every 30".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
