@@ -657,13 +657,12 @@ def _stopped_then_resumed(command, out: str, stops: list[tuple], iters: int) -> 
     the end: every step logged exactly once. Returns the stopped runs' exit codes."""
     import random
     import signal as signals
-    rng, codes, metrics = random.Random(), [], os.path.join(out, "metrics.jsonl")
+    rng, codes, logged = random.Random(), [], 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for k, (sig, one_rank) in enumerate(stops):
-        logged = sum(1 for _ in open(metrics)) if k else 0
-        p = subprocess.Popen(command() + ["--resume"] * (k > 0), cwd=ROOT, stdout=subprocess.PIPE,
+    for sig, one_rank in stops:
+        p = subprocess.Popen(command() + ["--resume"] * (logged > 0), cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
-        _wait_for_lines(metrics, logged + rng.randint(1, 3), p)
+        _wait_for_lines(os.path.join(out, "metrics.jsonl"), logged + rng.randint(1, 3), p)
         time.sleep(rng.uniform(0, 0.5))
         if one_rank:
             ranks = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
@@ -678,6 +677,7 @@ def _stopped_then_resumed(command, out: str, stops: list[tuple], iters: int) -> 
         assert steps == list(range(last + 1)) and last < iters - 1
         assert torch.load(os.path.join(out, "ckpt", "state.pt"), weights_only=False)["step"] == last
         codes.append(p.returncode)
+        logged = last + 1
     q = subprocess.run(command() + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert q.returncode == 0, q.stderr[-2000:]
     assert [r["step"] for r in read_metrics(out)] == list(range(iters))   # no logged step trained again
