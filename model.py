@@ -611,13 +611,14 @@ def _session_rows(model, session: Session | None, rows, prompts, max_new_tokens)
 
 
 def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, sampling: Sampling = Sampling(),
-                   allowed: list | None = None, chunk_size=1024) -> torch.Tensor:
+                   allowed: list | None = None, chunk_size=1024, entropy: bool = False):
     """fp32 [B, T]: out[b, t] = log p(tokens[b, t] | tokens[b, :t]) where mask[b, t] and t >= 1, else 0;
     differentiable. `tokens` are right-padded. The distribution is the sampler's (`sampling`), with
     `allowed[b][t]` (allowed ids for the token at index t of row b, i.e. a sampled token's Sample.allowed entry
     at its position in the sequence), so on-policy this reproduces Sample.logprobs. Only the masked positions go
     through lm_head, `chunk_size` rows at a time under activation checkpointing, so neither forward nor backward
-    holds full-vocabulary logits for the batch."""
+    holds full-vocabulary logits for the batch. With `entropy`, (log-probs, the entropies of the distributions
+    they were drawn from), both [B, T]."""
     if tokens.dim() != 2 or mask.shape != tokens.shape:
         raise ValueError(f"tokens and mask must both be [B, T]; got {tuple(tokens.shape)} and {tuple(mask.shape)}")
     if allowed is not None and len(allowed) != tokens.shape[0]:
@@ -627,10 +628,14 @@ def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, samp
     bi, ti = m.nonzero(as_tuple=True)
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     if len(bi) == 0:
-        return out + 0 * model.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
+        out = out + 0 * model.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
+        return (out, out) if entropy else out
     h = model(tokens, hidden_only=True)[bi, ti - 1]   # [N, hidden]: the state that predicts each target
     where = _allowed_by_target(allowed, bi.tolist(), ti.tolist())
-    return out.index_put((bi, ti), _target_logprobs(model, h, tokens[bi, ti], where, sampling, chunk_size))
+    lp = _target_logprobs(model, h, tokens[bi, ti], where, sampling, chunk_size, entropy)
+    if entropy:
+        return out.index_put((bi, ti), lp[0]), out.index_put((bi, ti), lp[1])
+    return out.index_put((bi, ti), lp)
 
 
 def _allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> dict[int, list[int]]:
@@ -642,13 +647,20 @@ def _allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> di
             if (b, int(t)) in flat}
 
 
-def _target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_size: int) -> torch.Tensor:
-    """[N] log-probs of targets given hidden states h [N, hidden], `chunk_size` rows of lm_head at a time,
-    each chunk recomputed in the backward (checkpointing) instead of keeping its logits."""
+def _target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_size: int, entropy: bool = False
+                     ) -> torch.Tensor:
+    """[N] log-probs of targets given hidden states h [N, hidden] ([2, N] with their distributions' entropies),
+    `chunk_size` rows of lm_head at a time, each chunk recomputed in the backward (checkpointing) instead of
+    keeping its logits."""
     V = model.config.vocab_size
 
     def chunk_lp(hc, tc, allow):
-        return selective_log_softmax(sampling.filter(model.lm_head(hc).float(), allow, keep=tc), tc)
+        z = sampling.filter(model.lm_head(hc).float(), allow, keep=tc)
+        if not entropy:
+            return selective_log_softmax(z, tc)
+        logp = torch.log_softmax(z, -1)
+        p_logp = logp.exp() * logp.masked_fill(z == float("-inf"), 0.0)   # a dropped token: p log p = 0
+        return torch.stack([logp.gather(1, tc[:, None])[:, 0], -p_logp.sum(-1)])
 
     parts = []
     for s in range(0, len(targets), chunk_size):
@@ -658,4 +670,4 @@ def _target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_s
             parts.append(checkpoint(chunk_lp, h[s:e], targets[s:e], allow, use_reentrant=False))
         else:
             parts.append(chunk_lp(h[s:e], targets[s:e], allow))
-    return torch.cat(parts)
+    return torch.cat(parts, -1)

@@ -24,13 +24,15 @@ from sampling import Sampling
 class Update:
     """A policy update's fixed parts: the model and its optimizer, the objective with its settings bound
     (`loss(logp, old_logp, adv, mask, **denominators)`: grpo_loss or cispo_loss), the ratio band its clip
-    fraction counts outside, the distribution the tokens were sampled from, and optimizer steps per batch."""
+    fraction counts outside, the distribution the tokens were sampled from, optimizer steps per batch, and whether
+    the loss also takes each token's entropy (`loss(..., entropy=[B, T])`)."""
     model: torch.nn.Module
     opt: torch.optim.Optimizer
     loss: object
     clip_range: tuple
     sampling: Sampling = Sampling()
     minibatches: int = 1
+    entropy: bool = False
 
 
 def policy_update(run, update: Update, segments: list, advantages: list[float]) -> dict:
@@ -56,7 +58,8 @@ def optimizer_step(run, update: Update, segments: list, advantages: list[float])
     denoms = dict(num_seqs=all_reduce_sum(sum(s.share for s in segments)))
     # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
     # denominators above still count it, so the update is exactly the same)
-    trained = [j for j in range(len(segments)) if advantages[j] != 0.0 and any(segments[j].mask[1:])]
+    trained = [j for j in range(len(segments))
+               if (advantages[j] != 0.0 or update.entropy) and any(segments[j].mask[1:])]
     if all_reduce_sum(len(trained)) == 0:
         return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
     update.opt.zero_grad(set_to_none=True)
@@ -87,9 +90,11 @@ def backward_micro_batches(run, update: Update, segments: list, advantages: list
             tokens, mask, old = pad_segments(batch, device)
             adv = torch.tensor([advantages[j] for j in idx], device=device)
             seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
-            logp = token_logprobs(model, tokens, mask, sampling, allowed=[s.allowed for s in batch])
+            out = token_logprobs(model, tokens, mask, sampling, allowed=[s.allowed for s in batch],
+                                 entropy=update.entropy)
+            logp, extra = (out[0], {"entropy": out[1]}) if update.entropy else (out, {})
             with autocast(model, enabled=False):   # the loss, the backward and the statistics in full precision
-                loss = update.loss(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
+                loss = update.loss(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens, **extra)
                 loss.backward()
                 with torch.no_grad():
                     ratio = torch.exp(logp - old)[mask]

@@ -17,8 +17,11 @@ Every `eval_every` steps, on `eval_vaults` held-out won vaults each shown a wron
 constrained policy over its completions (ADD or UPDATE 1, each lesson of its grammar; NONE with --extractor-none
 always): P(its lesson names the door that opened), chance 1/8, P(it names the door it was shown: a copier), the
 mass on NONE, and the top lesson's mean mass (a collapse onto one door, which earns 1/8 on fresh vaults) (not
-with --p-won 0); with --p-follow, on as many held-out lost vaults, `evaluate_lost`. `--steps 0` with `--extractor
-RUN/ckpt/extractor` (and the run's extractor flags) reads a trained run's extractor. Writes OUT/curve.jsonl (the
+with --p-won 0); with --p-follow, on as many held-out lost vaults, `evaluate_lost`. With --reveal the vaults are
+played as under --vault-reveal by an actor that follows its lesson (`revealed_episode`): a lost one ends naming its
+door, a lesson after a loss is right when it names that door, and the evaluation adds P(the revealed door) on as
+many held-out lost vaults, each shown a wrong door (`p_revealed`, with the top lesson's mass there). `--steps 0` with
+`--extractor RUN/ckpt/extractor` (and the run's extractor flags) reads a trained run's extractor. Writes OUT/curve.jsonl (the
 evaluations) and OUT/steps.jsonl (each step: its lessons' share right, reward, timings).
 """
 import argparse
@@ -45,14 +48,15 @@ def secret(seed: int) -> str:
 
 
 def follow(run, ops: list, secrets: dict, p_right: float, p_wrong: float, uses: int, rng, p_door=None,
-           lost=None, p_follow: float = 1.0, p_again: float | None = None) -> float:
+           lost=None, p_follow: float = 1.0, p_again: float | None = None, p_alone: float | None = None) -> float:
     """The follower plays each lesson `uses` times; crl credits the outcomes. Returns the share of right lessons.
     `p_door`: {door: success with a wrong lesson naming it} (a door the actor favours anyway costs it nothing).
     `lost`: {vault: the doors its play tried} for the lost plays, whose lessons the trained actor follows instead
     (`habit_wins`, with probability p_follow; right: a lesson naming only doors the play left untried).
     `p_again`: each lesson's vault is also played `uses` times without it, as a group's other half is (what
     --credit lift measures a lesson against): won p_again, the trained actor's win-again rate, if the play won,
-    else never (it replays its loss)."""
+    else never (it replays its loss); `p_alone` instead: won with this probability whatever the play did (a
+    frozen actor that samples)."""
     lost, eps, right = lost or {}, [], 0
     for i, op in enumerate(ops):
         text = op.text.strip().lower()
@@ -65,8 +69,9 @@ def follow(run, ops: list, secrets: dict, p_right: float, p_wrong: float, uses: 
         for _ in range(uses):
             won = bool(rng.random() < p)
             eps.append(crl.Episode("vault", op.origin, i, True, sources=[op.source], reward=float(won), success=won))
-        for _ in range(uses if p_again is not None else 0):
-            won = op.origin not in lost and bool(rng.random() < p_again)
+        for _ in range(uses if p_again is not None or p_alone is not None else 0):
+            won = (bool(rng.random() < p_alone) if p_alone is not None
+                   else op.origin not in lost and bool(rng.random() < p_again))
             eps.append(crl.Episode("vault", op.origin, i, False, reward=float(won), success=won))
     crl.credit_generations(run, eps)
     return right / max(1, len(ops))
@@ -95,6 +100,50 @@ def held_out(n: int, won: bool = True) -> list[crl.Episode]:
         shown = [d for d in DOORS if d != secret(crl.EVAL_SEED0 + j)][int(rng.integers(len(DOORS) - 1))]
         eps.append(scripted_episode(crl.EVAL_SEED0 + j, won, shown, rng))
     return eps
+
+
+def revealed_episode(seed: int, shown: str, p_won: float, rng) -> crl.Episode:
+    """A vault played under --vault-reveal by an actor that follows its lesson (the lesson prior's): the shown door
+    first; if it is locked, the vault's door within the next two tries with probability p_won (else two more locked
+    doors, and the last observation names the door)."""
+    env, e = envs.make("vault", reveal=True), crl.Episode("vault", seed, 0, True)
+    obs = env.reset(seed=seed)
+    e.instruction, e.query = env.instruction, crl.retrieval_query(env, obs)
+    e.lessons, e.retrieved, e.sources = [shown], [0], [-1]
+    e.transcript.append(("environment", obs))
+    wrong = [d for d in rng.permutation(DOORS) if d not in (env.secret, shown)]
+    order = [shown] + (wrong[:2] if shown == env.secret or rng.random() >= p_won
+                       else [wrong[0], env.secret] if rng.random() < 0.5 else [env.secret])
+    for door in order:
+        obs, e.reward, done, info = env.step(str(door))
+        e.transcript += [("agent", str(door)), ("environment", obs)]
+        if done:
+            break
+    e.success = info["success"]
+    return e
+
+
+def held_out_revealed(n: int) -> list[crl.Episode]:
+    """n held-out vaults (after held_out's won and lost ones) lost under the reveal, each shown a wrong door."""
+    rng = np.random.default_rng(777)
+    eps = []
+    for j in range(2 * n, 3 * n):
+        shown = [d for d in DOORS if d != secret(crl.EVAL_SEED0 + j)][int(rng.integers(len(DOORS) - 1))]
+        eps.append(revealed_episode(crl.EVAL_SEED0 + j, shown, 0.0, rng))
+    return eps
+
+
+def evaluate_revealed(run, eps: list[crl.Episode]) -> dict:
+    """On lost vaults under the reveal: P(the lesson names the revealed door), P(the door shown), the top lesson's
+    mass."""
+    right, shown, marginal = [], [], 0.0
+    for e in eps:
+        lessons, p, _ = lesson_policy(run, e, grammar.may_answer_none(run.cfg, won=False))
+        right.append(p[lessons.index(secret(e.seed))])
+        shown.append(p[lessons.index(e.lessons[0])])
+        marginal = marginal + p / len(eps)
+    return {"p_revealed": float(np.mean(right)), "p_shown_lost": float(np.mean(shown)),
+            "top_door_lost": lessons[int(marginal.argmax())], "top_door_mass_lost": float(marginal.max())}
 
 
 def lesson_policy(run, e: crl.Episode, none: bool) -> tuple[tuple, np.ndarray, float]:
@@ -157,6 +206,12 @@ def main(argv=None):
     p.add_argument("--p-again", type=float, default=None,
                    help="each vault is also played without its lesson (for --credit lift): a won vault is won "
                         "again with this probability (0.99: the trained actors' rate), a lost one never")
+    p.add_argument("--p-alone", type=float, default=None,
+                   help="each vault is also played without its lesson (for --credit lift), won with this "
+                        "probability whatever the play did (a frozen actor that samples: 0.3)")
+    p.add_argument("--reveal", action="store_true",
+                   help="the vaults are played under --vault-reveal by an actor that follows its lesson and then "
+                        "searches (revealed_episode); --p-won is then its success after a wrong lesson (0.25)")
     p.add_argument("--uses", type=int, default=4, help="follower episodes a lesson")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-vaults", type=int, default=32)
@@ -172,11 +227,13 @@ def main(argv=None):
     (out / "args.json").write_text(json.dumps({"probe": vars(mine), "flags": rest}, indent=1))
     tests = held_out(mine.eval_vaults)
     lost_tests = held_out(mine.eval_vaults, won=False) if mine.p_follow is not None else []
+    revealed_tests = held_out_revealed(mine.eval_vaults) if mine.reveal else []
     with open(out / "curve.jsonl", "w") as curve, open(out / "steps.jsonl", "w") as steps:
         for step in range(mine.steps + 1):
             if step % mine.eval_every == 0:
                 point = {"step": step, **(evaluate(run, tests) if mine.p_won > 0 else {}),
-                         **(evaluate_lost(run, lost_tests, mine.p_follow) if lost_tests else {})}
+                         **(evaluate_lost(run, lost_tests, mine.p_follow) if lost_tests else {}),
+                     **(evaluate_revealed(run, revealed_tests) if revealed_tests else {})}
                 curve.write(json.dumps(point) + "\n")
                 curve.flush()
                 print(json.dumps(point), flush=True)
@@ -187,7 +244,8 @@ def main(argv=None):
             run.counters = {"parse_failures": 0, "operations": 0}
             rng = np.random.default_rng([run.seed, step, 99])
             seeds = [int(s) for s in rng.integers(crl.EVAL_SEED0, size=mine.batch)]
-            eps = [scripted_episode(s, bool(rng.random() < mine.p_won), DOORS[int(rng.integers(8))], rng)
+            eps = [revealed_episode(s, DOORS[int(rng.integers(8))], mine.p_won, rng) if mine.reveal else
+                   scripted_episode(s, bool(rng.random() < mine.p_won), DOORS[int(rng.integers(8))], rng)
                    for s in seeds]
             secrets = {s: secret(s) for s in seeds}
             gen_rng = crl.seeded_generator(device, run.seed, step, 0, crl.EXTRACTOR_SAMPLING)
@@ -195,7 +253,7 @@ def main(argv=None):
             p_door = {d: float(x) for d, _, x in (part.partition("=") for part in mine.p_door.split(",") if part)}
             lost = {e.seed: moves(e) for e in eps if not e.success} if mine.p_follow is not None else {}
             right = follow(run, ops, secrets, mine.p_right, mine.p_wrong, mine.uses, rng, p_door, lost,
-                           mine.p_follow or 0.0, mine.p_again)
+                           mine.p_follow or 0.0, mine.p_again, mine.p_alone)
             stats = crl.extractor_update(run)
             line = {"step": step, "lessons_right": right, "lessons": len(ops), **run.counters,
                     "reward": stats.get("reward"), "cispo": bool(stats), "seconds": time.perf_counter() - t0,

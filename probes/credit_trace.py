@@ -48,13 +48,14 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
     device = train.setup_distributed(args)
     run, _ = train.build(args, device, train.model_dtype(args, device))
     records, credit, update, distill = [], crl.credit_generations, crl.extractor_update, crl.distill
-    won = {}   # generation id -> whether the episode it distilled won
+    won, shown = {}, {}   # generation id -> whether the episode it distilled won, the lesson that episode read
 
     def recorded_distill(run, eps, step, rng, record=True):
         first = run.generations_made   # one process: crl.extractor_generate numbers the prompts in order from here
         ops = distill(run, eps, step, rng, record)
         if record and run.extractor is not None:
             won.update({first + i: e.success for i, e in enumerate(eps)})
+            shown.update({first + i: first_word(e.lessons[0]) if e.lessons else None for i, e in enumerate(eps)})
         return ops
 
     def recorded_credit(run, eps):
@@ -77,7 +78,8 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
                 lesson = first_word(text.split(":")[-1])
                 rows.append({"id": gid, "text": text, "lesson": lesson, "credit": sum(ready[gid].credits)
                              / len(ready[gid].credits), "right": lesson == envs.vault_door(origin[gid])
-                             if origin.get(gid) is not None else None, "won": won.get(gid)})
+                             if origin.get(gid) is not None else None, "won": won.get(gid),
+                             "shown": shown.get(gid)})
             mean = sum(r["credit"] for r in rows) / len(rows)
             baseline = mean if run.cfg.extractor_baseline == "batch" else 0.0   # crl.extractor_update's advantage
             for r in rows:

@@ -17,6 +17,8 @@
 # reveal-failure/ with SEEDS "2 1" and FLAGS "--vault-reveal": the reveal with --extractor-none failure (a loss may
 # yield no lesson); only seed 2 ran. reveal-crl/ and reveal-long/ continue reveal/'s runs (their ran-on.txt).
 # reveal-search1/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --bank-search-batch 1 --save-every 30".
+# reveal-entropy/ with SEEDS "2 1" and FLAGS "--vault-reveal --extractor-none never --extractor-entropy 0.1 --save-every
+# 30": the reveal with an entropy term in CISPO, against the collapse whose gradient vanished on seed 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
