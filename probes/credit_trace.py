@@ -10,7 +10,7 @@ same kind of CPU they do, so what the trace shows is what the run did. It record
   vault that lesson came from, its moves, success and lift (crl.episode_lift);
 - each CISPO step (crl.extractor_update's batch, chosen as it chooses): each generation's text, mean credit and
   advantage (credit minus the batch mean; the credit with --extractor-baseline none), whether its lesson named its
-  own vault's door, whether the episode it distilled won, and the evicted ones.
+  own vault's door, whether the episode it distilled won, the lesson that episode read, and the evicted ones.
 The replay runs in a temporary directory; --trace FILE keeps the records (JSON lines). It prints, by block of
 iterations: the actor's first door without a lesson; for lessons read, right and wrong, how often the actor's
 first door was the lesson's (it followed) and the mean lift; the same by the door a lesson names, beside how often
@@ -150,6 +150,13 @@ def summary(records: list[dict], block: int) -> list[str]:
                      + "; ".join(f"after a {name} {len(gs)}, {sum(bool(g['right']) for g in gs)}, "
                                  f"{mean(g['credit'] for g in gs)}, {sum(g['advantage'] for g in gs):+.2f}"
                                  for name, gs in by_outcome))
+        if any("shown" in g for g in trained):   # a trace made before `shown` has none
+            by_shown = (("copied it", [g for g in trained if g.get("shown") and g["lesson"] == g["shown"]]),
+                        ("another door", [g for g in trained if g.get("shown") and g["lesson"] != g["shown"]]),
+                        ("none shown", [g for g in trained if not g.get("shown")]))
+            lines.append("  CISPO against the lesson its episode read (generations, right, summed advantage): "
+                         + "; ".join(f"{name} {len(gs)}, {sum(bool(g['right']) for g in gs)}, "
+                                     f"{sum(g['advantage'] for g in gs):+.2f}" for name, gs in by_shown))
         by_door = collections.defaultdict(list)
         for g in trained:
             by_door[g["lesson"]].append(g["advantage"])
