@@ -66,7 +66,9 @@ iterations, so the extractor learns before the actor's habit makes a lesson nami
 (results/vault-reveal/pilot); `--extractor-baseline none` makes a CISPO advantage the reward itself: the batch mean
 paid for lessons the actor ignored (results/vault-head/credit-trace); `--extractor-entropy B` adds B times the
 entropy of the extractor's sampled choices to CISPO's objective: on the reveal a collapsed extractor's gradient
-vanished (norm 0.00-0.01 for 70 iterations) on a wrong door (results/vault-prior); `--lesson-prior N` (train.py)
+vanished (norm 0.00-0.01 for 70 iterations) on a wrong door (results/vault-prior); `--extractor-blind` hides the
+lessons an episode read from its distillation (adds only): shown its own lessons back, the extractor learned to copy
+them, not the outcome (results/cispo-vault, reveal-recur4); `--lesson-prior N` (train.py)
 first teaches the actor to follow a lesson and then search (prior.py). The vault's held-out instances have balanced
 doors and names training never draws (envs.held_out_seeds), and the attempts evaluation writes into a bank that starts
 empty: both so it measures the lesson, not the lottery of the doors an actor plays or a lesson left from training.
@@ -218,6 +220,9 @@ class CRLConfig:
     extractor_baseline: str = vault_study("batch", "a CISPO advantage: the reward minus the batch's mean reward "
                                           "(batch [release]) or the reward itself (none: under --credit lift 0 already "
                                           "means no effect)", choices=("batch", "none"))
+    extractor_blind: bool = vault_study(False, "the extractor is not shown the lessons its episode read, so it may "
+                                               "only add (no update): under the reveal it learned to copy the lesson "
+                                               "it had written before instead of reading the outcome")
     extractor_entropy: float = vault_study(0.0, "CISPO's loss minus this times the mean entropy of the extractor's "
                                                 "sampled distributions (over a constrained reply's allowed tokens): "
                                                 "against a policy gone deterministic on a wrong lesson, whose "
@@ -771,10 +776,12 @@ def shown_lessons(texts: list[str]) -> str:
     return "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts)) or "(none)"
 
 
-def extractor_view(e: Episode) -> list[tuple[int, str]]:
+def extractor_view(cfg, e: Episode) -> list[tuple[int, str]]:
     """The retrieved lessons the extractor is shown and may update, (entry id, text): all but those whose
-    judgement did not parse [release: the actor's prompt and the episode's record both lose such a lesson]."""
-    return [(i, text) for i, text, src in zip(e.retrieved, e.lessons, e.sources) if e.verdicts.get(src) != "unparsed"]
+    judgement did not parse [release: the actor's prompt and the episode's record both lose such a lesson]; none
+    with cfg.extractor_blind."""
+    return [] if cfg.extractor_blind else [(i, text) for i, text, src in zip(e.retrieved, e.lessons, e.sources)
+                                           if e.verdicts.get(src) != "unparsed"]
 
 
 def extractor_prompt(run, e: Episode) -> list[int]:
@@ -783,7 +790,7 @@ def extractor_prompt(run, e: Episode) -> list[int]:
     system = (EXTRACTOR_SYSTEM.format(max_operations=cfg.max_operations)
               + ("\n" + EXTRACTOR_FORMAT if cfg.extractor_free_text else ""))
     user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.reward > 0 else 'FAILURE'}\n"
-            f"Lessons retrieved for the agent:\n{shown_lessons([t for _, t in extractor_view(e)])}\n"
+            f"Lessons retrieved for the agent:\n{shown_lessons([t for _, t in extractor_view(cfg, e)])}\n"
             f"Episode:\n{render_episode(e, cfg.episode_chars)}")
     return encode_chat(run.extractor_tok, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
@@ -870,7 +877,7 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     if run.extractor is None:   # --extractor oracle, the study's ceiling: every lesson right, none invented
         return oracle_lessons(run, eps, step)
     prompts = [extractor_prompt(run, e) for e in eps]
-    shown = [[i for i, _ in extractor_view(e)] for e in eps]
+    shown = [[i for i, _ in extractor_view(run.cfg, e)] for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
                                  heads_for(run, [len(ids) for ids in shown], [e.task for e in eps],
                                            won=[e.success for e in eps]), record)

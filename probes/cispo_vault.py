@@ -20,9 +20,9 @@ mass on NONE, and the top lesson's mean mass (a collapse onto one door, which ea
 with --p-won 0); with --p-follow, on as many held-out lost vaults, `evaluate_lost`. With --reveal the vaults are
 played as under --vault-reveal by an actor that follows its lesson (`revealed_episode`): a lost one ends naming its
 door, a lesson after a loss is right when it names that door, and the evaluation adds P(the revealed door) on as
-many held-out lost vaults, each shown a wrong door (`p_revealed`, with the top lesson's mass there). `--steps 0` with
-`--extractor RUN/ckpt/extractor` (and the run's extractor flags) reads a trained run's extractor. Writes OUT/curve.jsonl (the
-evaluations) and OUT/steps.jsonl (each step: its lessons' share right, reward, timings).
+many held-out lost vaults, each shown a wrong door (`p_revealed`, with the top lesson's mass there). `--steps 0`
+with `--extractor RUN/ckpt/extractor` (and the run's extractor flags) reads a trained run's extractor. Writes
+OUT/curve.jsonl (the evaluations) and OUT/steps.jsonl (each step: its lessons' share right, reward, timings).
 """
 import argparse
 import json
@@ -150,9 +150,11 @@ def lesson_policy(run, e: crl.Episode, none: bool) -> tuple[tuple, np.ndarray, f
     """The extractor's exact constrained policy on episode e: each lesson of its grammar (one door) with its
     probability, ADD and UPDATE 1 summed, and the mass on NONE."""
     lessons = DOORS
-    completions = tuple(f"{head} {x}" for head in ("ADD:", "UPDATE 1:") for x in lessons) + (("NONE",) if none else ())
+    heads = ("ADD:",) if run.cfg.extractor_blind else ("ADD:", "UPDATE 1:")   # blind: no lesson shown to update
+    completions = tuple(f"{head} {x}" for head in heads for x in lessons) + (("NONE",) if none else ())
     p = policy(run.extractor, run.extractor_tok, crl.extractor_prompt(run, e), completions).float().numpy()
-    return lessons, p[:len(lessons)] + p[len(lessons):2 * len(lessons)], float(p[2 * len(lessons):].sum())
+    n = len(heads) * len(lessons)
+    return lessons, p[:n].reshape(len(heads), -1).sum(0), float(p[n:].sum())
 
 
 def evaluate(run, eps: list[crl.Episode]) -> dict:
@@ -212,6 +214,10 @@ def main(argv=None):
     p.add_argument("--reveal", action="store_true",
                    help="the vaults are played under --vault-reveal by an actor that follows its lesson and then "
                         "searches (revealed_episode); --p-won is then its success after a wrong lesson (0.25)")
+    p.add_argument("--recur", type=int, default=0,
+                   help="each vault recurs in this many consecutive steps (staggered), and from its second visit "
+                        "on it is shown the lesson the extractor wrote at its last visit, as the bank shows it "
+                        "(0: fresh vaults every step, each shown a random door)")
     p.add_argument("--uses", type=int, default=4, help="follower episodes a lesson")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-vaults", type=int, default=32)
@@ -228,6 +234,7 @@ def main(argv=None):
     tests = held_out(mine.eval_vaults)
     lost_tests = held_out(mine.eval_vaults, won=False) if mine.p_follow is not None else []
     revealed_tests = held_out_revealed(mine.eval_vaults) if mine.reveal else []
+    own = {}   # with --recur: vault seed -> the door its last lesson named
     with open(out / "curve.jsonl", "w") as curve, open(out / "steps.jsonl", "w") as steps:
         for step in range(mine.steps + 1):
             if step % mine.eval_every == 0:
@@ -244,12 +251,19 @@ def main(argv=None):
             run.counters = {"parse_failures": 0, "operations": 0}
             rng = np.random.default_rng([run.seed, step, 99])
             seeds = [int(s) for s in rng.integers(crl.EVAL_SEED0, size=mine.batch)]
-            eps = [revealed_episode(s, DOORS[int(rng.integers(8))], mine.p_won, rng) if mine.reveal else
-                   scripted_episode(s, bool(rng.random() < mine.p_won), DOORS[int(rng.integers(8))], rng)
-                   for s in seeds]
+            if mine.recur:   # slot i's vault changes every `recur` steps, staggered, as --instance-visits plays them
+                seeds = [int(np.random.default_rng([run.seed, i, (step + i) // mine.recur, 98]).integers(
+                    crl.EVAL_SEED0)) for i in range(mine.batch)]
+
+            def shown(s):   # drawn where the arms before --recur drew it, so they replay
+                return own.get(s) or DOORS[int(rng.integers(8))]
+            eps = [revealed_episode(s, shown(s), mine.p_won, rng) if mine.reveal else
+                   scripted_episode(s, bool(rng.random() < mine.p_won), shown(s), rng) for s in seeds]
             secrets = {s: secret(s) for s in seeds}
             gen_rng = crl.seeded_generator(device, run.seed, step, 0, crl.EXTRACTOR_SAMPLING)
             ops = crl.distill(run, eps, step, gen_rng)
+            if mine.recur:   # the vault's next visit is shown the lesson written now, as the bank would show it
+                own.update({op.origin: op.text.strip().lower() for op in ops if op.text.strip().lower() in DOORS})
             p_door = {d: float(x) for d, _, x in (part.partition("=") for part in mine.p_door.split(",") if part)}
             lost = {e.seed: moves(e) for e in eps if not e.success} if mine.p_follow is not None else {}
             right = follow(run, ops, secrets, mine.p_right, mine.p_wrong, mine.uses, rng, p_door, lost,

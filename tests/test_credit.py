@@ -394,3 +394,21 @@ def test_distillation_lets_only_a_lost_episode_answer_none(monkeypatch):
     none = [any(run.extractor_tok.decode(c, skip_special_tokens=True).startswith("NONE") for c in h.completions)
             for h in seen]
     assert none == [False, True]
+
+
+@pytest.mark.parametrize("blind", [False, True])
+def test_a_blind_extractor_is_not_shown_the_lesson_its_episode_read(monkeypatch, blind):
+    """--extractor-blind, in the path a run takes: crl.distill's prompt holds no retrieved lesson and its heads
+    offer no UPDATE, where by default both carry the lesson the episode read."""
+    run = make_run(extractor_free_text=False, lesson_moves=1, extractor_blind=blind)
+    e = episode(False, [7])
+    e.query, e.transcript, e.lessons, e.retrieved = "start", [("environment", "start")], ["north"], [0]
+    seen = {}
+    monkeypatch.setattr(crl, "extractor_generate", lambda run_, prompts, tasks, rng, heads, record:
+                        seen.update(prompt=prompts[0], heads=heads[0]) or [(1, "ADD: south")])
+    crl.distill(run, [e], 3, None)
+    prompt = run.extractor_tok.decode(seen["prompt"])
+    update = any(run.extractor_tok.decode(c, skip_special_tokens=True).startswith("UPDATE")
+                 for c in seen["heads"].completions)
+    assert ("[1] north" in prompt, update) == ((False, False) if blind else (True, True))
+    assert ("agent:\n(none)" in prompt) == blind
