@@ -19,6 +19,9 @@
 # reveal-search1/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --bank-search-batch 1 --save-every 30".
 # reveal-entropy/ with SEEDS "2 1" and FLAGS "--vault-reveal --extractor-none never --extractor-entropy 0.1 --save-every
 # 30": the reveal with an entropy term in CISPO, against the collapse whose gradient vanished on seed 2.
+# reveal-blind/ with SEEDS "2 1" and FLAGS "--vault-reveal --extractor-none never --extractor-blind --save-every 30":
+# the reveal with distillation not shown the lesson its episode read (the CISPO probe's extractor, shown its own
+# lessons back, learned to copy them; blind, it learned the reveal's copy in 15 steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
