@@ -240,7 +240,7 @@ def main(argv=None):
             if step % mine.eval_every == 0:
                 point = {"step": step, **(evaluate(run, tests) if mine.p_won > 0 else {}),
                          **(evaluate_lost(run, lost_tests, mine.p_follow) if lost_tests else {}),
-                     **(evaluate_revealed(run, revealed_tests) if revealed_tests else {})}
+                         **(evaluate_revealed(run, revealed_tests) if revealed_tests else {})}
                 curve.write(json.dumps(point) + "\n")
                 curve.flush()
                 print(json.dumps(point), flush=True)
