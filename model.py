@@ -30,9 +30,9 @@ from torch.utils.checkpoint import checkpoint
 from cudagraphs import DecodeGraphs, default_on
 from hf import ModelConfig, checkpoint_dir, hf_parts, read_config, read_weights, write_checkpoint
 from hf import PACKAGED, ByteTokenizer, load_tokenizer  # noqa: F401  (re-exported: callers import them from here)
-from kernels import apply_rope, decode_attention, rmsnorm, selective_log_softmax
+from kernels import apply_rope, decode_attention, rmsnorm
 from kernels.decode_attention import ReadSpan
-from sampling import Sampling, allow_mask, draw
+from sampling import Sampling, allow_mask, allowed_by_target, draw, target_logprobs
 
 # -----------------------------------------------------------------------------------------------------------
 # the decoder
@@ -321,8 +321,6 @@ class Transformer(nn.Module):
             parts = p.detach().split(module.sizes) if isinstance(module, Fused) else [p.detach()]
             state.update((h, t.contiguous()) for h, t in zip(hf_parts(n), parts, strict=True))
         write_checkpoint(path, self.config, self.dtype, state)
-
-
 
 
 @dataclass
@@ -631,43 +629,10 @@ def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, samp
         out = out + 0 * model.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
         return (out, out) if entropy else out
     h = model(tokens, hidden_only=True)[bi, ti - 1]   # [N, hidden]: the state that predicts each target
-    where = _allowed_by_target(allowed, bi.tolist(), ti.tolist())
-    lp = _target_logprobs(model, h, tokens[bi, ti], where, sampling, chunk_size, entropy)
+    where = allowed_by_target(allowed, bi.tolist(), ti.tolist())
+    lp = target_logprobs(model, h, tokens[bi, ti], where, sampling, chunk_size, entropy)
     if entropy:
         return out.index_put((bi, ti), lp[0]), out.index_put((bi, ti), lp[1])
     return out.index_put((bi, ti), lp)
 
 
-def _allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> dict[int, list[int]]:
-    """{k: allowed ids of target k} for the targets (bi[k], ti[k]) that a constraint masked."""
-    if allowed is None:
-        return {}
-    flat = {(b, t): k for k, (b, t) in enumerate(zip(bi, ti))}
-    return {flat[(b, int(t))]: ids for b, d in enumerate(allowed) for t, ids in (d or {}).items()
-            if (b, int(t)) in flat}
-
-
-def _target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_size: int, entropy: bool = False
-                     ) -> torch.Tensor:
-    """[N] log-probs of targets given hidden states h [N, hidden] ([2, N] with their distributions' entropies),
-    `chunk_size` rows of lm_head at a time, each chunk recomputed in the backward (checkpointing) instead of
-    keeping its logits."""
-    V = model.config.vocab_size
-
-    def chunk_lp(hc, tc, allow):
-        z = sampling.filter(model.lm_head(hc).float(), allow, keep=tc)
-        if not entropy:
-            return selective_log_softmax(z, tc)
-        logp = torch.log_softmax(z, -1)
-        p_logp = logp.exp() * logp.masked_fill(z == float("-inf"), 0.0)   # a dropped token: p log p = 0
-        return torch.stack([logp.gather(1, tc[:, None])[:, 0], -p_logp.sum(-1)])
-
-    parts = []
-    for s in range(0, len(targets), chunk_size):
-        e = min(s + chunk_size, len(targets))
-        allow = allow_mask(e - s, V, [(k - s, ids) for k, ids in where.items() if s <= k < e], h.device)
-        if torch.is_grad_enabled() and h.requires_grad:
-            parts.append(checkpoint(chunk_lp, h[s:e], targets[s:e], allow, use_reentrant=False))
-        else:
-            parts.append(chunk_lp(h[s:e], targets[s:e], allow))
-    return torch.cat(parts, -1)

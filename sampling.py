@@ -1,9 +1,13 @@
 """sampling.py — the one definition of "the distribution sampled from", shared by model.py's generator, which
 draws from it, and its training-side log-probs (token_logprobs), which recompute under it: a constraint's mask,
-then temperature, top-k and top-p (`filter_logits`, held by `Sampling`), and the draw itself (`draw`)."""
+then temperature, top-k and top-p (`filter_logits`, held by `Sampling`), and the draw itself (`draw`); and the
+log-probs under it that token_logprobs takes from a model's hidden states (`target_logprobs`)."""
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+from kernels import selective_log_softmax
 
 
 def filter_logits(z: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -87,3 +91,38 @@ def draw(z: torch.Tensor, greedy: bool, generator=None):
         tok = torch.searchsorted(cdf, u, right=True)[:, 0]
         tok = torch.minimum(tok, cdf.argmax(-1))  # rounding at the top end: last token with nonzero mass
     return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+def allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> dict[int, list[int]]:
+    """{k: allowed ids of target k} for the targets (bi[k], ti[k]) that a constraint masked."""
+    if allowed is None:
+        return {}
+    flat = {(b, t): k for k, (b, t) in enumerate(zip(bi, ti))}
+    return {flat[(b, int(t))]: ids for b, d in enumerate(allowed) for t, ids in (d or {}).items()
+            if (b, int(t)) in flat}
+
+
+def target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_size: int, entropy: bool = False
+                     ) -> torch.Tensor:
+    """[N] log-probs of targets given hidden states h [N, hidden] ([2, N] with their distributions' entropies),
+    `chunk_size` rows of lm_head at a time, each chunk recomputed in the backward (checkpointing) instead of
+    keeping its logits."""
+    V = model.config.vocab_size
+
+    def chunk_lp(hc, tc, allow):
+        z = sampling.filter(model.lm_head(hc).float(), allow, keep=tc)
+        if not entropy:
+            return selective_log_softmax(z, tc)
+        logp = torch.log_softmax(z, -1)
+        p_logp = logp.exp() * logp.masked_fill(z == float("-inf"), 0.0)   # a dropped token: p log p = 0
+        return torch.stack([logp.gather(1, tc[:, None])[:, 0], -p_logp.sum(-1)])
+
+    parts = []
+    for s in range(0, len(targets), chunk_size):
+        e = min(s + chunk_size, len(targets))
+        allow = allow_mask(e - s, V, [(k - s, ids) for k, ids in where.items() if s <= k < e], h.device)
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(chunk_lp, h[s:e], targets[s:e], allow, use_reentrant=False))
+        else:
+            parts.append(chunk_lp(h[s:e], targets[s:e], allow))
+    return torch.cat(parts, -1)
