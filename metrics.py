@@ -1,6 +1,8 @@
 """The metrics of an iteration and of an evaluation, over every rank: success, retrieval (how often the re-rank
 decides, how often a lesson comes from the same instance, how old it is), counts and timings. crl.py calls them;
 they read its Episode and Run records and change nothing."""
+import collections
+
 import envs
 from parallel import all_reduce_sum, gather_objects
 
@@ -97,7 +99,8 @@ def vault_lessons(eps, ops) -> dict:
     Counted here, as the episodes end: the last bank keeps no record of a lesson an update replaced."""
     def right(text, seed):
         return first_word(text) == envs.vault_door(seed)
-    written = [right(op.text, op.origin) for op in ops if op.task == "vault" and op.kind in ("add", "update")]
+    vault_ops = [op for op in ops if op.task == "vault" and op.kind in ("add", "update")]
+    written = [right(op.text, op.origin) for op in vault_ops]
     readers = [e for e in eps if e.task == "vault" and e.lessons]
     read = [right(e.lessons[0], e.seed) for e in readers]
     out = {}
@@ -107,7 +110,19 @@ def vault_lessons(eps, ops) -> dict:
         n = all_reduce_sum(len(marks))
         if n:
             out[name] = all_reduce_sum(sum(marks)) / n
-    return out
+    return {**out, **right_by_chance([(first_word(op.text), envs.vault_door(op.origin)) for op in vault_ops])}
+
+
+def right_by_chance(pairs) -> dict:
+    """The share of lessons right if each named a door drawn from this iteration's written doors whatever its
+    vault (sum over doors of written share times vault share, over every rank): what lessons/right_written
+    reads when the extractor ignores its transcript, high when the iteration's vaults happen to open the door
+    it always writes. Right above it is what the extractor read from its transcripts."""
+    pairs = [p for rank_pairs in gather_objects(pairs) for p in rank_pairs]
+    if not pairs:
+        return {}
+    written, doors = collections.Counter(w for w, _ in pairs), collections.Counter(d for _, d in pairs)
+    return {"lessons/right_by_chance": sum(written[d] * doors[d] for d in written) / len(pairs) ** 2}
 
 
 def episode_metrics(run, eps) -> dict:

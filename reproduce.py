@@ -327,19 +327,51 @@ def blocks(rows: list[dict], key: str, size: int) -> tuple[list, list]:
 def race(rows: list[dict], task: str, size: int = 30) -> list[str]:
     """The race between the extractor and the actor in one run's training, a markdown row per block of `size`
     iterations: CISPO steps taken in it and before its end, the share of lessons written that name their
-    instance's door (the vault), and the training gap with - without experience (success)."""
+    instance's door (the vault) and that share by chance (metrics.right_by_chance), and the training gap with -
+    without experience (success)."""
     cispo = collections.Counter(r["step"] // size * size for r in rows if "extractor/reward" in r)
     right = dict(zip(*blocks(rows, "lessons/right_written", size)))
+    chance = dict(zip(*blocks(rows, "lessons/right_by_chance", size)))
     gap = dict(zip(*blocks([{**r, "gap": r[f"train/{task}/success_exp"] - r[f"train/{task}/success_noexp"]}
                             for r in rows if f"train/{task}/success_exp" in r], "gap", size)))
-    lines = ["| iterations | CISPO steps (by the block's end) | lessons right | with − without (training) |",
-             "|---|---|---|---|"]
+    lines = ["| iterations | CISPO steps (by the block's end) | lessons right | by chance | with − without "
+             "(training) |", "|---|---|---|---|---|"]
     total = 0
     for b in sorted(set(gap) | set(right)):
         total += cispo.get(b, 0)
-        cell = f"{right[b]:.2f}" if b in right else "—"
-        lines.append(f"| {b}-{b + size - 1} | {cispo.get(b, 0)} ({total}) | {cell} | {gap.get(b, math.nan):+.3f} |")
+        cells = [f"{d[b]:.2f}" if b in d else "—" for d in (right, chance)]
+        lines.append(f"| {b}-{b + size - 1} | {cispo.get(b, 0)} ({total}) | {' | '.join(cells)} | "
+                     f"{gap.get(b, math.nan):+.3f} |")
     return lines
+
+
+def chance_from_bank(out: str, rows: list[dict]) -> list[dict]:
+    """Runs logged before lessons/right_by_chance: the metric rebuilt from the last bank (each lesson's door and
+    iteration) and the vaults the groups played (crl.visiting_instance), taking each iteration's lessons as
+    distill_per_group per group in group order. Only where that reading gives every logged lessons/right_written
+    exactly (an ADD-only run, none replaced or evicted); otherwise the rows unchanged."""
+    import types
+    import crl   # here, not at the top: it loads torch, which only this report needs
+    import envs
+    import metrics
+    a = json.load(open(os.path.join(out, "args.json")))
+    if any("lessons/right_by_chance" in r for r in rows) or not a.get("instance_visits"):
+        return rows
+    run = types.SimpleNamespace(seed=a["seed"], tasks=a["tasks"], cfg=types.SimpleNamespace(**a))
+    last = json.loads(open(os.path.join(out, "bank.jsonl")).readlines()[-1])["bank"].get("vault", [])
+    written = collections.defaultdict(list)
+    for text, _, _, step in last:
+        written[step].append(metrics.first_word(text))
+    filled = []
+    for r in rows:
+        doors = [envs.vault_door(crl.visiting_instance(run, r["step"], i // a["distill_per_group"])[1])
+                 for i in range(len(written[r["step"]]))]
+        pairs = list(zip(written[r["step"]], doors))
+        if "lessons/right_written" in r and (not pairs or sum(w == d for w, d in pairs) / len(pairs) != r[
+                "lessons/right_written"]):
+            return rows
+        filled.append({**r, **metrics.right_by_chance(pairs)} if pairs else r)
+    return filled
 
 
 def band(seed_runs: dict, key: str) -> tuple[list, list, list]:
@@ -451,7 +483,7 @@ def main(argv=None):
         sys.exit(0 if replay(a.replay, a.replay_iters) else 1)
     if a.race:
         for out in a.race:
-            rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+            rows = chance_from_bank(out, [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))])
             print("\n".join([f"{out} ({len(rows)} iterations):", "", *race(rows, a.tasks[0]), ""]))
         return
     for task in a.tasks:
@@ -502,8 +534,10 @@ def strip_times(row: dict) -> dict:
 
 
 def replay_differs(run: str, got: list[dict]) -> str | None:
-    """None when a replay's metrics rows equal RUN's first ones, times aside; else its first difference."""
+    """None when a replay's metrics rows equal RUN's first ones, times aside; else its first difference. A key
+    only the replay has is a metric added since RUN was recorded, not a difference."""
     for w, g in zip(recorded_rows(run, len(got)), map(strip_times, got)):
+        g = {k: v for k, v in g.items() if k in w}
         if w != g:
             diff = {k: (w.get(k), g.get(k)) for k in sorted(set(w) | set(g)) if w.get(k) != g.get(k)}
             return f"{run}: step {w.get('step')} differs (recorded, replayed): {diff}"

@@ -459,6 +459,23 @@ def test_vault_lessons_count_the_lessons_that_name_their_vaults_door():
     assert out == {"lessons/right_read": 2 / 3, "lessons/won_after_right": 1 / 2, "lessons/won_after_wrong": 0.0}
 
 
+def test_lessons_right_by_chance_is_what_the_written_doors_score_whatever_their_vaults():
+    """Three lessons naming A, A, B from vaults opening A, C, B: right 2/3; by chance (written share times vault
+    share, summed over doors) 2/3 * 1/3 + 1/3 * 1/3 = 1/3. An extractor writing A for vaults A, A, C: right 2/3 and
+    by chance 2/3 too (it read nothing)."""
+    seeds = {}
+    for s in range(200):
+        seeds.setdefault(envs.vault_door(s), s)
+    (a, sa), (b, sb), (c, sc) = list(seeds.items())[:3]
+    ops = [Operation("add", "vault", text, (), None, i, 0, origin=o) for i, (text, o) in enumerate(
+        [(a, sa), (a, sc), (b, sb)])]
+    out = metrics.vault_lessons([], ops)
+    assert out["lessons/right_written"] == 2 / 3 and abs(out["lessons/right_by_chance"] - 1 / 3) < 1e-12
+    ops = [Operation("add", "vault", a, (), None, i, 0, origin=o) for i, o in enumerate([sa, sa, sc])]
+    out = metrics.vault_lessons([], ops)
+    assert out["lessons/right_written"] == out["lessons/right_by_chance"] == 2 / 3
+
+
 def test_the_contrast_pairs_an_instances_plays_across_ranks(monkeypatch):
     """Two ranks as held_out_specs deals them (every play without experience on one, with on the other): the
     contrast still pairs each instance's two plays, [1 - 0, 1 - 1, 0 - 1] = mean 0, sd 1, n 3."""

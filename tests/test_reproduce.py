@@ -5,9 +5,13 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
+import crl
+import envs
+import metrics
 import reproduce
 import train
 
@@ -214,10 +218,36 @@ def test_race_counts_cispo_steps_lessons_and_the_gap_by_block():
     rows = [{"step": 0, "train/vault/success_exp": 0.5, "train/vault/success_noexp": 0.25,
              "lessons/right_written": 0.5},
             {"step": 1, "train/vault/success_exp": 0.25, "train/vault/success_noexp": 0.25, "extractor/reward": 0.1},
-            {"step": 2, "extractor/reward": 0.3, "lessons/right_written": 1.0},
-            {"step": 3, "train/vault/success_exp": 0.0, "train/vault/success_noexp": 0.5, "lessons/right_written": 0.0}]
-    assert reproduce.race(rows, "vault", 2)[2:] == ["| 0-1 | 1 (1) | 0.50 | +0.125 |",
-                                                   "| 2-3 | 1 (2) | 0.50 | -0.500 |"]
+            {"step": 2, "extractor/reward": 0.3, "lessons/right_written": 1.0, "lessons/right_by_chance": 0.25},
+            {"step": 3, "train/vault/success_exp": 0.0, "train/vault/success_noexp": 0.5, "lessons/right_written": 0.0,
+             "lessons/right_by_chance": 0.5}]
+    assert reproduce.race(rows, "vault", 2)[2:] == ["| 0-1 | 1 (1) | 0.50 | — | +0.125 |",
+                                                   "| 2-3 | 1 (2) | 0.50 | 0.38 | -0.500 |"]
+
+
+def test_chance_from_bank_rebuilds_lessons_right_by_chance_from_the_bank_and_the_vaults_played(tmp_path):
+    """A run of 2 iterations, 2 groups, 2 lessons a group, logged before the metric: iteration 0's lessons name
+    group 0's door twice and group 1's door then another, so right 3/4 and by chance what metrics.right_by_chance
+    gives those pairs; iteration 1's lessons all name group 0's door. One lesson changed so that right_written
+    no longer matches: the rows come back unchanged."""
+    a = {"seed": 3, "tasks": ["vault"], "instance_visits": 4, "groups": 2, "distill_per_group": 2}
+    run = types.SimpleNamespace(seed=3, tasks=["vault"], cfg=types.SimpleNamespace(**a))
+    door = {(t, g): envs.vault_door(crl.visiting_instance(run, t, g)[1]) for t in (0, 1) for g in (0, 1)}
+    other = next(d for d in envs.Vault.actions if d != door[0, 1])
+    bank = [[door[0, 0], 0, 0, 0], [door[0, 0], 0, 0, 0], [door[0, 1], 0, 0, 0], [other, 0, 0, 0]] + \
+        [[door[1, 0], 0, 0, 1]] * 4
+    pairs = {0: [(door[0, 0], door[0, 0])] * 2 + [(door[0, 1], door[0, 1]), (other, door[0, 1])],
+             1: [(door[1, 0], door[1, 0])] * 2 + [(door[1, 0], door[1, 1])] * 2}
+    rows = [{"step": t, "lessons/right_written": sum(w == d for w, d in pairs[t]) / 4} for t in (0, 1)]
+    (tmp_path / "args.json").write_text(json.dumps(a))
+    (tmp_path / "bank.jsonl").write_text(json.dumps({"step": 1, "bank": {"vault": bank}}) + "\n")
+    filled = reproduce.chance_from_bank(str(tmp_path), rows)
+    assert [r["lessons/right_by_chance"] for r in filled] == [
+        metrics.right_by_chance(pairs[t])["lessons/right_by_chance"] for t in (0, 1)]
+    assert rows[0]["lessons/right_written"] == 0.75
+    bank[3] = [door[0, 1], 0, 0, 0]
+    (tmp_path / "bank.jsonl").write_text(json.dumps({"step": 1, "bank": {"vault": bank}}) + "\n")
+    assert reproduce.chance_from_bank(str(tmp_path), rows) == rows
 
 
 def test_extractor_races_count_cispo_steps_by_iteration_60_and_lessons_right_by_block(tmp_path):
@@ -243,7 +273,7 @@ def test_extractor_races_count_cispo_steps_by_iteration_60_and_lessons_right_by_
 def test_replay_trains_a_runs_first_iterations_again_and_finds_a_changed_value(tmp_path, capsys):
     """--replay: a recorded 3-iteration crl run (evaluated at iterations 0 and 2) replays its first 2 iterations
     value for value, the replay's own evaluation at its last iteration aside; one recorded value changed in the
-    second iteration, and the replay names that step and key."""
+    second iteration, and the replay names that step and key. A key only the replay has is not a difference."""
     run = tmp_path / "run"
     train.main(["--tasks", "room", "--iters", "3", "--eval-every", "2", "--eval-episodes", "2", "--max-steps", "3",
                 "--groups", "2", "--extractor-batch", "2", "--warmup", "0", "--out", str(run)])
@@ -255,3 +285,7 @@ def test_replay_trains_a_runs_first_iterations_again_and_finds_a_changed_value(t
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert not reproduce.replay(str(run), 2)
     assert "step 1 differs" in capsys.readouterr().out
+    # a metric the run did not log yet (added since) is no difference; one it logged and the replay lacks is
+    newer = [{**r, "lessons/right_by_chance": 0.5} for r in rows[:2]]
+    assert reproduce.replay_differs(str(run), newer) is None
+    assert "step 0 differs" in reproduce.replay_differs(str(run), [{k: v for k, v in rows[0].items() if k != "turns"}])
