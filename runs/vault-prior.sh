@@ -22,6 +22,12 @@
 # reveal-blind/ with SEEDS "2 1" and FLAGS "--vault-reveal --extractor-none never --extractor-blind --save-every 30":
 # the reveal with distillation not shown the lesson its episode read (the CISPO probe's extractor, shown its own
 # lessons back, learned to copy them; blind, it learned the reveal's copy in 15 steps).
+# reveal-blind-entropy/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --extractor-blind
+# --extractor-entropy 0.1 --save-every 30": both levers (reveal-blind's seed 2 fell back as its bank narrowed onto a door).
+# reveal-blind/'s seed 1 with the same FLAGS as its seed 2: does the lever keep the race reveal-crl's seed 1 won?
+# reveal-blind-search1/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --extractor-blind
+# --bank-search-batch 1 --save-every 30": hidden lessons and 2.5x the CISPO steps (each with-experience episode reads
+# its own lesson, so up to four are credited a vault and iteration).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
