@@ -99,8 +99,9 @@ def vault_lessons(eps, ops) -> dict:
     Counted here, as the episodes end: the last bank keeps no record of a lesson an update replaced."""
     def right(text, seed):
         return first_word(text) == envs.vault_door(seed)
-    vault_ops = [op for op in ops if op.task == "vault" and op.kind in ("add", "update")]
-    written = [right(op.text, op.origin) for op in vault_ops]
+    pairs = [(first_word(op.text), envs.vault_door(op.origin)) for op in ops
+             if op.task == "vault" and op.kind in ("add", "update")]   # (door named, door that opens)
+    written = [named == door for named, door in pairs]
     readers = [e for e in eps if e.task == "vault" and e.lessons]
     read = [right(e.lessons[0], e.seed) for e in readers]
     out = {}
@@ -110,7 +111,7 @@ def vault_lessons(eps, ops) -> dict:
         n = all_reduce_sum(len(marks))
         if n:
             out[name] = all_reduce_sum(sum(marks)) / n
-    return {**out, **right_by_chance([(first_word(op.text), envs.vault_door(op.origin)) for op in vault_ops])}
+    return {**out, **right_by_chance(pairs)}
 
 
 def right_by_chance(pairs) -> dict:
