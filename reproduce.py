@@ -539,7 +539,7 @@ def replay_differs(run: str, got: list[dict]) -> str | None:
     for w, g in zip(recorded_rows(run, len(got)), map(strip_times, got)):
         g = {k: v for k, v in g.items() if k in w}
         if w != g:
-            diff = {k: (w.get(k), g.get(k)) for k in sorted(set(w) | set(g)) if w.get(k) != g.get(k)}
+            diff = {k: (w[k], g.get(k)) for k in sorted(w) if w[k] != g.get(k)}
             return f"{run}: step {w.get('step')} differs (recorded, replayed): {diff}"
     return None
 

@@ -23,8 +23,7 @@
 # the reveal with distillation not shown the lesson its episode read (the CISPO probe's extractor, shown its own
 # lessons back, learned to copy them; blind, it learned the reveal's copy in 15 steps).
 # reveal-blind-entropy/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --extractor-blind
-# --extractor-entropy 0.1 --save-every 30": both levers (reveal-blind's seed 2 fell back as its bank narrowed onto a door).
-# reveal-blind/'s seed 1 with the same FLAGS as its seed 2: does the lever keep the race reveal-crl's seed 1 won?
+# --extractor-entropy 0.1 --save-every 30": both levers (reveal-blind's seed 2 settled on two doors).
 # reveal/'s seeds 3 and 4 with SEEDS "3 4" and reveal/'s FLAGS: how often the plain reveal wins the race.
 # reveal-blind-search1/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --extractor-blind
 # --bank-search-batch 1 --save-every 30": hidden lessons and 2.5x the CISPO steps (each with-experience episode reads
