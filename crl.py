@@ -64,18 +64,19 @@ lost vault by naming its door, so every episode can teach (results/vault-reveal)
 writes the door each transcript shows, the ceiling of what lessons can give; `--head-start N` freezes the actor for N
 iterations, so the extractor learns before the actor's habit makes a lesson naming its first door cost nothing
 (results/vault-reveal/pilot); `--extractor-baseline none` makes a CISPO advantage the reward itself: the batch mean
-paid for lessons the actor ignored (results/vault-head/credit-trace); `--extractor-entropy B` adds B times the
-entropy of the extractor's sampled choices to CISPO's objective: on the reveal a collapsed extractor's gradient
-vanished (norm 0.00-0.01 for 70 iterations) on a wrong door (results/vault-prior); `--extractor-blind` hides the
-lessons an episode read from its distillation (adds only): shown its own lessons back, the extractor learned to copy
-them, not the outcome (results/cispo-vault, reveal-recur4); `--lesson-prior N` (train.py)
-first teaches the actor to follow a lesson and then search (prior.py). The vault's held-out instances have balanced
-doors and names training never draws (envs.held_out_seeds), and the attempts evaluation writes into a bank that starts
-empty: both so it measures the lesson, not the lottery of the doors an actor plays or a lesson left from training.
+paid for lessons the actor ignored (results/vault-head/credit-trace); `--extractor-entropy B` adds B times the entropy
+of the extractor's sampled choices to CISPO's objective: on the reveal a collapsed extractor's gradient vanished (norm
+0.00-0.01 for 70 iterations) on a wrong door (results/vault-prior); `--extractor-blind` hides the lessons an episode
+read from its distillation (adds only): shown its own lessons back, the extractor learned to copy them, not the outcome
+(results/cispo-vault, reveal-recur4); `--credit-discount 0` credits only a first-action win: in the loop a wrong lesson
+that named the door the actor played next anyway cost it nothing, and CISPO collapsed onto such doors
+(results/vault-prior's credit traces); `--lesson-prior N` (train.py) first teaches the actor to follow a lesson and
+then search (prior.py). The vault's held-out instances have balanced doors and names training never draws
+(envs.held_out_seeds), and the attempts evaluation writes into a bank that starts empty: both so it measures the
+lesson, not the lottery of the doors an actor plays or a lesson left from training.
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
-authors' released code where the paper does not state it.
-"""
+authors' released code where the paper does not state it."""
 import functools
 import re
 import time
@@ -169,6 +170,8 @@ class CRLConfig:
                                      "(its score, 0 -> -1: +1/-1 on success/failure, WebShop's fraction as it is) "
                                      "[release and paper], or lift (its reward minus its group's mean without "
                                      "experience; ours)", choices=("outcome", "lift"))
+    credit_discount: float = vault_study(1.0, "an episode credits its reward times this per action after the first "
+                                              "(a lesson earns what it saves; 0: first-action wins)", min=0, max=1)
     max_generations: int = setting(4096, "extractor generations kept; beyond it the oldest that hold no credits "
                                           "and wrote no lesson still in the bank are dropped (a NONE, a trained "
                                           "answer, a replaced lesson); one whose lesson lives is kept [release]", min=0)
@@ -936,8 +939,8 @@ def credit_generations(run, eps: list[Episode]):
     """Each episode credits the generations behind what it used: its score (0 -> -1), shaped by the actor's
     verdict on each lesson (lesson_credit) [release] (or, with cfg.credit "lift", episode_lift). Credits from
     every rank reach the rank that owns the generation (PAPER §Extractor objective: reward attribution)."""
-    lift = run.cfg.credit == "lift"
-    worth = episode_lift(eps) if lift else [e.reward for e in eps]
+    lift, discount = run.cfg.credit == "lift", run.cfg.credit_discount
+    worth = episode_lift(eps, discount) if lift else [discounted(e, discount) for e in eps]
     credits = [(src, lesson_credit(w, e.verdicts.get(src), zero_is_failure=not lift))
                for e, w in zip(eps, worth) for src in e.sources]
     for rank_credits in gather_objects(credits):
@@ -950,17 +953,21 @@ def credit_generations(run, eps: list[Episode]):
             g.credits.append(c)
 
 
-def episode_lift(eps: list[Episode]) -> list[float]:
-    """Not in the paper: a with-experience episode's reward minus the mean reward of its group's episodes
+def discounted(e: Episode, discount: float) -> float:   # not in the paper: --credit-discount
+    return e.reward * discount ** max(e.turns - 1, 0)
+
+
+def episode_lift(eps: list[Episode], discount: float = 1.0) -> list[float]:
+    """Not in the paper: a with-experience episode's (discounted) reward minus the mean of its group's episodes
     without experience, the lesson's effect on the same instance apart from the actor's own progress (the ±1
     outcome credits an improving actor's lessons whether or not they helped; results/smollm2). A group is
     whole on one rank; an episode without experience, or in a group with none, gets 0."""
     without = {}
     for e in eps:
         if not e.with_exp:
-            without.setdefault(e.group, []).append(e.reward)
-    return [e.reward - sum(without[e.group]) / len(without[e.group]) if e.with_exp and e.group in without else 0.0
-            for e in eps]
+            without.setdefault(e.group, []).append(discounted(e, discount))
+    return [discounted(e, discount) - sum(without[e.group]) / len(without[e.group])
+            if e.with_exp and e.group in without else 0.0 for e in eps]
 
 
 def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1, entropy=None,

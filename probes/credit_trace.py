@@ -59,7 +59,7 @@ def trace(run_dir: str, iters: int, out: str) -> list[dict]:
         return ops
 
     def recorded_credit(run, eps):
-        for e, lift in zip(eps, crl.episode_lift(eps)):
+        for e, lift in zip(eps, crl.episode_lift(eps, run.cfg.credit_discount)):
             records.append({"kind": "episode", "step": run.step, "seed": e.seed, "door": envs.vault_door(e.seed),
                             "with_exp": e.with_exp, "lesson": e.lessons[0] if e.lessons else None,
                             "origin": e.origins[0] if e.origins else None, "sources": e.sources,

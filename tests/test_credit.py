@@ -292,6 +292,32 @@ def test_lift_credits_the_gain_over_the_group_played_without_experience():
     assert credited() == [[1.0], [-1.0], [1.0], [0.25]]   # the default, outcome: the score, 0 -> -1
 
 
+def test_credit_discount_pays_the_actions_a_lesson_saved():
+    """--credit-discount g: an episode credits its reward times g per action after its first, and under the lift
+    its group's episodes without experience are discounted alike (hand numbers). At 0 only a first-action win pays,
+    so two wrong lessons cost the same whichever door they named (a vault won at the 2nd and the 3rd action)."""
+    def ep(with_exp, reward, turns, sources=()):
+        e = crl.Episode("vault", 0, 0, with_exp)
+        e.reward, e.success, e.turns, e.sources = reward, reward == 1.0, turns, list(sources)
+        return e
+
+    eps = [ep(False, 1.0, 2), ep(False, 1.0, 1), ep(True, 1.0, 1, [10]), ep(True, 1.0, 3, [11]),
+           ep(True, 0.0, 3, [12]), ep(True, 1.0, 2, [13])]
+    assert crl.episode_lift(eps, 0.5) == [0.0, 0.0, 0.25, -0.5, -0.75, -0.25]   # without: (0.5 + 1) / 2
+
+    def credited(**settings):
+        run = make_run(**settings)
+        for gid in (10, 11, 12, 13):
+            generation(run, gid)
+        crl.credit_generations(run, eps)
+        return [run.generations[g].credits for g in (10, 11, 12, 13)]
+
+    assert credited(credit="lift", credit_discount=0.5) == [[0.25], [-0.5], [-0.75], [-0.25]]
+    assert credited(credit="lift", credit_discount=0.0) == [[0.5], [-0.5], [-0.5], [-0.5]]
+    assert credited(credit_discount=0.5) == [[1.0], [0.25], [-1.0], [0.5]]   # outcome: a discounted 0 is still -1
+    assert credited(credit="lift") == [[0.0], [0.0], [-1.0], [0.0]]          # 1: the undiscounted lift
+
+
 def test_credit_follows_the_verdict_and_the_score_by_hand():
     """The release's mapping: accept = score + 1 (+2 on a success, +1 on a failure), refine +0.5, reject -1,
     unparsed or unjudged (an ask's answer) the score with 0 -> -1; WebShop's 0.6 stays 0.6 (+1.6 accepted)."""
