@@ -150,8 +150,9 @@ def table(results: str, task: str) -> str:
     runs = read_runs(results, task)
     lines = [f"### {task}", "",
              "| mode | seeds | eval w/ exp | eval w/o exp | w/ − w/o (paired) | extractor reward first → last third "
-             "| lessons right (vault) first → last third | age of the lesson read (iterations) first → last third |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| lessons right (vault) first → last third | by chance first → last third "
+             "| age of the lesson read (iterations) first → last third |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         if mode not in runs:
             continue
@@ -159,7 +160,7 @@ def table(results: str, task: str) -> str:
         cells = [fmt(*mean_ci(list(d.values()))) if d else "—" for d in (exp, noexp)]
         diff = paired(exp, noexp)
         trend = [first_to_last(runs[mode], key) for key in ("extractor/reward", "lessons/right_written",
-                                                             "retrieval/age")]
+                                                             "lessons/right_by_chance", "retrieval/age")]
         lines.append(f"| {mode} | {len(noexp)}/{len(runs[mode])} | {cells[0]} | {cells[1]} | "
                      f"{fmt(*mean_ci(diff)) if diff else '—'} | " + " | ".join(trend) + " |")
     lines.append("")
