@@ -28,9 +28,11 @@
 # reveal-blind-search1/ with SEEDS 2 and FLAGS "--vault-reveal --extractor-none never --extractor-blind
 # --bank-search-batch 1 --save-every 30": hidden lessons and 2.5x the CISPO steps (each with-experience episode reads
 # its own lesson, so up to four are credited a vault and iteration).
-# reveal-first/ with SEEDS "2 4" and FLAGS "--vault-reveal --extractor-none never --credit-discount 0 --save-every 30":
+# reveal-first/ with SEEDS "2 4", then 3, and FLAGS "--vault-reveal --extractor-none never --credit-discount 0 --save-every 30":
 # the plain reveal whose credit pays only a first-action win, so a wrong lesson costs the same whichever door it names
 # (reveal/'s credit traces: the frozen actor's next door cost nothing when named wrongly, and the bank collapsed there).
+# reveal-first-entropy/ with SEEDS 3 and FLAGS "--vault-reveal --extractor-none never --credit-discount 0
+# --extractor-entropy 0.1 --save-every 30": reveal-first's seed 3 stayed on north, its gradient near zero there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
