@@ -69,7 +69,7 @@ of the extractor's sampled choices to CISPO's objective: on the reveal a collaps
 0.00-0.01 for 70 iterations) on a wrong door (results/vault-prior); `--extractor-blind` hides the lessons an episode
 read from its distillation (adds only): shown its own lessons back, the extractor learned to copy them, not the outcome
 (results/cispo-vault, reveal-recur4); `--credit-discount 0` credits only a first-action win: in the loop a wrong lesson
-that named the door the actor played next anyway cost it nothing, and CISPO collapsed onto such doors
+that named the door the actor played next anyway cost it little, and CISPO collapsed onto such doors
 (results/vault-prior's credit traces); `--lesson-prior N` (train.py) first teaches the actor to follow a lesson and
 then search (prior.py). The vault's held-out instances have balanced doors and names training never draws
 (envs.held_out_seeds), and the attempts evaluation writes into a bank that starts empty: both so it measures the
