@@ -269,6 +269,15 @@ def test_a_training_rollout_records_its_asks_and_an_evaluation_does_not(monkeypa
     assert entry.shown == 4 and [len(run.generations[g].credits) for g in (2, 3)] == [1, 1]
 
 
+def credited(eps, **settings) -> list:
+    """The credits generations 10-13 hold after `eps` credit them under `settings`."""
+    run = make_run(**settings)
+    for gid in (10, 11, 12, 13):
+        generation(run, gid)
+    crl.credit_generations(run, eps)
+    return [run.generations[g].credits for g in (10, 11, 12, 13)]
+
+
 def test_lift_credits_the_gain_over_the_group_played_without_experience():
     """--credit lift: a with-experience episode credits its reward minus the mean reward of its group's
     episodes without experience (hand numbers); episodes without experience, or groups with none, give 0."""
@@ -281,15 +290,8 @@ def test_lift_credits_the_gain_over_the_group_played_without_experience():
            ep(1, False, 0.0), ep(1, False, 0.0), ep(1, True, 1.0, [12]), ep(2, True, 0.25, [13])]
     assert crl.episode_lift(eps) == [0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 1.0, 0.0]
 
-    def credited(**settings):
-        run = make_run(**settings)
-        for gid in (10, 11, 12, 13):
-            generation(run, gid)
-        crl.credit_generations(run, eps)
-        return [run.generations[g].credits for g in (10, 11, 12, 13)]
-
-    assert credited(credit="lift") == [[0.5], [-0.5], [1.0], [0.0]]
-    assert credited() == [[1.0], [-1.0], [1.0], [0.25]]   # the default, outcome: the score, 0 -> -1
+    assert credited(eps, credit="lift") == [[0.5], [-0.5], [1.0], [0.0]]
+    assert credited(eps) == [[1.0], [-1.0], [1.0], [0.25]]   # the default, outcome: the score, 0 -> -1
 
 
 def test_credit_discount_pays_the_actions_a_lesson_saved():
@@ -305,17 +307,10 @@ def test_credit_discount_pays_the_actions_a_lesson_saved():
            ep(True, 0.0, 3, [12]), ep(True, 1.0, 2, [13])]
     assert crl.episode_lift(eps, 0.5) == [0.0, 0.0, 0.25, -0.5, -0.75, -0.25]   # without: (0.5 + 1) / 2
 
-    def credited(**settings):
-        run = make_run(**settings)
-        for gid in (10, 11, 12, 13):
-            generation(run, gid)
-        crl.credit_generations(run, eps)
-        return [run.generations[g].credits for g in (10, 11, 12, 13)]
-
-    assert credited(credit="lift", credit_discount=0.5) == [[0.25], [-0.5], [-0.75], [-0.25]]
-    assert credited(credit="lift", credit_discount=0.0) == [[0.5], [-0.5], [-0.5], [-0.5]]
-    assert credited(credit_discount=0.5) == [[1.0], [0.25], [-1.0], [0.5]]   # outcome: a discounted 0 is still -1
-    assert credited(credit="lift") == [[0.0], [0.0], [-1.0], [0.0]]          # 1: the undiscounted lift
+    assert credited(eps, credit="lift", credit_discount=0.5) == [[0.25], [-0.5], [-0.75], [-0.25]]
+    assert credited(eps, credit="lift", credit_discount=0.0) == [[0.5], [-0.5], [-0.5], [-0.5]]
+    assert credited(eps, credit_discount=0.5) == [[1.0], [0.25], [-1.0], [0.5]]   # outcome: a discounted 0 is still -1
+    assert credited(eps, credit="lift") == [[0.0], [0.0], [-1.0], [0.0]]          # 1: the undiscounted lift
 
 
 def test_credit_follows_the_verdict_and_the_score_by_hand():
