@@ -259,7 +259,7 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
     except (ValueError, FileNotFoundError, OSError) as err:
         sys.exit(f"error: cannot load checkpoint {spec!r}: {err}")
     model = parallel.prepare(model, device, dtype, args.fsdp, args.checkpoint_blocks)
-    if prior:   # a pretrained model's prior trains as RL will: computing in `dtype`, on every rank alike
+    if prior:   # a pretrained model's prior, on every rank alike; outside autocast: in the masters' dtype unsharded
         prior(model, tok)
     return model, tok
 
