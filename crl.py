@@ -56,24 +56,24 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
   extractor writes through constrained operation heads (small/grammar.py; a merge lists one lesson); on CPU
   distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
-Options ours alone, off by default, that make the vault a clean control of co-evolution (runs/vault-clean.sh):
-`--credit lift` credits a lesson with its episode's gain over the same instance played without experience
-(episode_lift); `--instance-visits K` plays fresh instances K iterations each (visiting_instance); `--bank-min-cosine`
-serves only near lessons; `--extractor-none failure` lets only a lost episode yield no lesson; `--vault-reveal` ends a
-lost vault by naming its door, so every episode can teach (results/vault-reveal); `--extractor oracle` (static mode)
-writes the door each transcript shows, the ceiling of what lessons can give; `--head-start N` freezes the actor for N
-iterations, so the extractor learns before the actor's habit makes a lesson naming its first door cost nothing
-(results/vault-reveal/pilot); `--extractor-baseline none` makes a CISPO advantage the reward itself: the batch mean
-paid for lessons the actor ignored (results/vault-head/credit-trace); `--extractor-entropy B` adds B times the entropy
-of the extractor's sampled choices to CISPO's objective: on the reveal a collapsed extractor's gradient vanished (norm
-0.00-0.01 for 70 iterations) on a wrong door (results/vault-prior); `--extractor-blind` hides the lessons an episode
-read from its distillation (adds only): shown its own lessons back, the extractor learned to copy them, not the outcome
-(results/cispo-vault, reveal-recur4); `--credit-discount 0` credits only a first-action win: in the loop a wrong lesson
-that named the door the actor played next anyway cost it little, and CISPO collapsed onto such doors
-(results/vault-prior's credit traces); `--lesson-prior N` (train.py) first teaches the actor to follow a lesson and
-then search (prior.py). The vault's held-out instances have balanced doors and names training never draws
-(envs.held_out_seeds), and the attempts evaluation writes into a bank that starts empty: both so it measures the
-lesson, not the lottery of the doors an actor plays or a lesson left from training.
+Options ours alone, off by default, each for the vault as a clean control of co-evolution and its studies (runs/):
+- `--credit lift`: a lesson earns its episode's gain over the same instance played without experience (episode_lift);
+- `--instance-visits K`: fresh instances, each played K iterations (visiting_instance); `--bank-min-cosine`: only
+  near lessons are served, so a vault reads only its own (runs/vault-clean.sh);
+- `--extractor-none failure`: only a lost episode may yield no lesson;
+- `--vault-reveal`: a lost vault ends naming its door, so every episode can teach (results/vault-reveal);
+- `--extractor oracle` (static mode): writes the door each transcript shows, the ceiling of what lessons can give;
+- `--head-start N`: the actor frozen N iterations: the extractor learns before the actor's habit zeroes a lesson's lift;
+- `--extractor-baseline none`: CISPO's advantage is the reward: the batch mean paid for ignored lessons (vault-head);
+- `--extractor-entropy B`: B times the entropy of the extractor's sampled choices joins CISPO's objective: on the
+  reveal a collapsed extractor's gradient vanished (norm 0.00-0.01 for 70 iterations) on a wrong door (vault-prior);
+- `--extractor-blind`: distillation does not show an episode the lessons it read (adds only): shown them, the
+  extractor learned to copy them, not the outcome (results/cispo-vault, reveal-recur4);
+- `--credit-discount 0`: only a first-action win is credited: a wrong lesson naming the door the actor played next
+  anyway cost it little, and CISPO collapsed onto such doors (results/vault-prior's credit traces);
+- `--lesson-prior N` (train.py): the actor first taught to follow a lesson and then search (prior.py);
+- held-out vaults with balanced doors and names training never draws (envs.held_out_seeds), attempts from an empty
+  bank: so the evaluation measures the lesson, not the lottery of the doors an actor plays or a lesson from training.
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it."""
