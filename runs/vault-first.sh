@@ -6,7 +6,6 @@
 # whichever door it names). crl's extractor has a head start: the actor frozen for its first 150 of 300 iterations
 # (vault-prior's reveal-first/: on seeds 2 and 4, whose plain reveal stayed at chance, lessons right 0.95 and 0.97 at
 # iterations 120-149; seed 3 stayed on one door, and with an entropy term on top too: reveal-first-entropy/).
-# CEILING_ONLY=1 runs the ceiling's cells alone (neither the oracle nor grpo has a trained extractor).
 # Scored as results/vault-head is: 256 held-out vaults with balanced doors and names training never draws, 3 attempts
 # each from an empty bank. The ceiling first (the oracle: static with the scripted extractor, every lesson right;
 # and grpo, 5 seeds each; CEILING_ONLY=1 stops there), then crl, grpo and static seed by seed to 8 seeds, exp-only to
