@@ -419,9 +419,10 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
         sys.exit(f"error: {task} {mode} seed {seed} stopped (exit {rc}); run the same command again to resume it")
 
 
-# flags that say where a cell is and how its work is batched, not what it learns from: a cell trained with
-# another --eval-batch (a preset lowered it for memory) still belongs in the grid
-NOT_COMPARED = ("out", "resume", "micro_batch", "env_workers", "eval_batch", "dtype_auto")
+# flags that say where a cell is, how its work is batched and how often it is saved, not what it learns from: a
+# cell trained with another --eval-batch (a preset lowered it for memory) or --save-every (a GPU's cells, saved
+# once) still belongs in the grid
+NOT_COMPARED = ("out", "resume", "micro_batch", "env_workers", "eval_batch", "dtype_auto", "save_every")
 # asked so, the cell's own choice stands (made when it began; --resume keeps it): a number format, and where
 # distillation runs (a GPU cell given --distill inline, as a CPU distils, belongs in a CPU grid)
 RESOLVED = {"dtype": (None, "auto"), "distill": (None,)}

@@ -126,6 +126,7 @@ def test_grid_cell_end_to_end(tmp_path, capsys):
     with pytest.raises(SystemExit, match="iters: 2 here, 3 asked"):   # never mixed into a grid of another budget
         reproduce.main([*argv[:argv.index("--")], "--", *tiny, "--iters", "3"])
     reproduce.main([*argv, "--eval-batch", "2"])           # how evaluation is batched is not a budget: skipped
+    reproduce.main([*argv, "--save-every", "1"])           # nor how often a checkpoint is written
     assert json.load(open(out / "final.json")) == final
     saved = json.load(open(out / "args.json"))             # a cell that chose where it distils (a GPU's, inline)
     json.dump({**saved, "distill": "inline"}, open(out / "args.json", "w"))
