@@ -7,6 +7,8 @@
 #   bash runs/gpu-carry.sh keep        there, one call per part (carry .gpu/pK): moves it to /tmp/carry
 #   source runs/gpu-carry.sh install   there, after the last part: /tmp/site holds the three packages and is on
 #                                      PYTHONPATH, and SmolLM2 is converted once into CRL_CACHE=/tmp/crlcache
+#   source runs/gpu-carry.sh there     there, in a run script (runs/vault-*-h200.sh): install once, the run's
+#                                      environment, \$OUT/env.txt and \$OUT/smi.txt
 # .gpu/ is ignored through .git/info/exclude (echo /.gpu/ >> .git/info/exclude).
 # A call carries the working tree too, and results/ and the ALFWorld games (tracked, 54 MB) leave no room for a part:
 # before the calls take them out of the index (git rm -r -q --cached results data/alfworld-games.tar.xz; printf
@@ -38,8 +40,21 @@ install)
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} CRL_CACHE=/tmp/crlcache HF_HUB_OFFLINE=1
     python3 -c "import hf; print(hf.checkpoint_dir('smollm2'))"
     ;;
+there)   # sourced by a run script on the machine, t0 set: the parts put together once, the run's environment,
+         # the machine and versions in $OUT/env.txt, GPU memory and utilisation every 20 s in $OUT/smi.txt
+    if [ ! -d /tmp/site ]; then
+        bash runs/gpu-carry.sh keep > /dev/null && source runs/gpu-carry.sh install > "$OUT/install.txt" 2>&1 || return 1
+    fi
+    export PYTHONPATH=/tmp/site CRL_CACHE=/tmp/crlcache HF_HUB_OFFLINE=1
+    export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      python3 -c "import torch, transformers, sys; print(torch.__version__, transformers.__version__, sys.version.split()[0])"
+      date -u +start\ %FT%TZ; } > "$OUT/env.txt" 2>&1
+    (while sleep 20; do echo "$((SECONDS - t0)) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
+     done) > "$OUT/smi.txt" 2>&1 &
+    ;;
 *)
-    echo "usage: bash runs/gpu-carry.sh pack | keep | install (source it)" >&2
+    echo "usage: bash runs/gpu-carry.sh pack | keep | install (source it) | there (source it)" >&2
     exit 2
     ;;
 esac

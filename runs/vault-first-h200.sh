@@ -14,16 +14,7 @@
 set -u
 t0=$SECONDS
 cd "$(dirname "$0")/.."
-if [ ! -d /tmp/site ]; then
-    bash runs/gpu-carry.sh keep > /dev/null && source runs/gpu-carry.sh install > "$OUT/install.txt" 2>&1 || exit 1
-fi
-export PYTHONPATH=/tmp/site CRL_CACHE=/tmp/crlcache HF_HUB_OFFLINE=1
-export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, transformers, sys; print(torch.__version__, transformers.__version__, sys.version.split()[0])"
-  nproc; date -u +start\ %FT%TZ; } > "$OUT/env.txt" 2>&1
-(while sleep 20; do echo "$((SECONDS - t0)) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
- done) > "$OUT/smi.txt" 2>&1 &
+source runs/gpu-carry.sh there || exit 1   # the packages once, the environment, $OUT/env.txt and smi.txt
 cd .gridcode
 timeout $((${LIMIT:-560} - (SECONDS - t0))) python3 - > "$OUT/log" 2>&1 <<'EOF'
 import os, time

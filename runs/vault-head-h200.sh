@@ -11,16 +11,7 @@ set -u
 MODE=${1:?usage: bash runs/vault-head-h200.sh crl|static}
 t0=$SECONDS
 cd "$(dirname "$0")/.."
-if [ ! -d /tmp/site ]; then
-    bash runs/gpu-carry.sh keep > /dev/null && source runs/gpu-carry.sh install > "$OUT/install.txt" 2>&1 || exit 1
-fi
-export PYTHONPATH=/tmp/site CRL_CACHE=/tmp/crlcache HF_HUB_OFFLINE=1
-export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, transformers, sys; print(torch.__version__, transformers.__version__, sys.version.split()[0])"
-  date -u +start\ %FT%TZ; } > "$OUT/env.txt" 2>&1
-(while sleep 20; do echo "$((SECONDS - t0)) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
- done) > "$OUT/smi.txt" 2>&1 &
+source runs/gpu-carry.sh there || exit 1   # the packages once, the environment, $OUT/env.txt and smi.txt
 FLAGS="--actor smollm2 --extractor smollm2 --instance-visits 4 --groups 4 --bank-min-cosine 0.999
        --extractor-none failure --credit lift --merge-every 0 --extractor-lr 3e-5 --final-attempts 3"
 HEAD=$([ "$MODE" = crl ] && echo "--head-start 150")
