@@ -7,8 +7,8 @@
 # The grid's code, not main's: its commit (e5675a1) is put in .gridcode here (ignored: echo /.gridcode/ >>
 # .git/info/exclude) and carried,
 #   mkdir .gridcode && git archive e5675a1 | tar -C .gridcode -x --exclude=results --exclude=data/alfworld-games.tar.xz
-# with runs/vault-first.sh's flags, --distill inline (as the CPU distils; a GPU's default is the background) and
-# --save-every 300 (one checkpoint, at the end: none comes back). The SmolLM2 packages travel as
+# with runs/vault-first.sh's flags (read from it), --distill inline (as the CPU distils; a GPU's default is the
+# background) and --save-every 300 (one checkpoint, at the end: none comes back). The SmolLM2 packages travel as
 # runs/gpu-carry.sh's parts (PARTS=4: a part and the tree fit 64 MiB; its header says how); this call carries the
 # last part and .gridcode. Writes /tmp/g/vault-first and packs its cells (checkpoints left out) into $OUT/cells.tgz.
 set -u
@@ -16,13 +16,15 @@ t0=$SECONDS
 cd "$(dirname "$0")/.."
 source runs/gpu-carry.sh there || exit 1   # the packages once, the environment, $OUT/env.txt and smi.txt
 cd .gridcode
+# the grid's flags, read from its own runs/vault-first.sh, so they cannot drift from the CPU cells'
+GRID_FLAGS=$(sed -n '/^FLAGS="/,/"$/{s/^FLAGS="//;s/"$//;p}' runs/vault-first.sh)
+[ -n "$GRID_FLAGS" ] || { echo "error: no FLAGS in .gridcode/runs/vault-first.sh" > "$OUT/log"; exit 1; }
+export GRID_FLAGS
 timeout $((${LIMIT:-560} - (SECONDS - t0))) python3 - > "$OUT/log" 2>&1 <<'EOF'
 import os, time
 from concurrent.futures import ThreadPoolExecutor
 import reproduce
-FLAGS = """--actor smollm2 --extractor smollm2 --instance-visits 4 --groups 4 --bank-min-cosine 0.999
-    --extractor-none never --credit lift --merge-every 0 --extractor-lr 3e-5 --final-attempts 3
-    --vault-reveal --lesson-prior 25 --credit-discount 0 --save-every 30""".split()
+FLAGS = os.environ["GRID_FLAGS"].split()
 t0 = time.time()
 
 def cell(mode_seed):
