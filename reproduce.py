@@ -461,7 +461,8 @@ def parse_args(argv=None):
                         "several; on a 2-core CPU keep 1); their logs go to RESULTS/logs/")
     p.add_argument("--table", action="store_true", help="only redraw the tables and pictures from what is there")
     p.add_argument("--race", nargs="+", metavar="RUN", help="print, for each run directory named, its training by "
-                   "block of 30 iterations (CISPO steps, lessons right, with - without experience), and stop")
+                   "block of 30 iterations (CISPO steps, lessons right, with - without experience on the run's own "
+                   "task, read from its args.json), and stop")
     p.add_argument("--replay", metavar="RUN", help="train RUN's first --replay-iters iterations again from its "
                    "args.json, in a temporary folder, and compare their metrics with RUN's value for value (times "
                    "aside): how a change proves it kept behaviour; exit 1 if any differ")
@@ -486,7 +487,8 @@ def main(argv=None):
     if a.race:
         for out in a.race:
             rows = chance_from_bank(out, [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))])
-            print("\n".join([f"{out} ({len(rows)} iterations):", "", *race(rows, a.tasks[0]), ""]))
+            task = json.load(open(os.path.join(out, "args.json")))["tasks"][0]   # the run's own, whatever --tasks says
+            print("\n".join([f"{out} ({len(rows)} iterations):", "", *race(rows, task), ""]))
         return
     for task in a.tasks:
         if not a.table:

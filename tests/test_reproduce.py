@@ -228,6 +228,17 @@ def test_race_counts_cispo_steps_lessons_and_the_gap_by_block():
                                                    "| 2-3 | 1 (2) | 0.50 | 0.38 | -0.500 |"]
 
 
+def test_race_reads_the_runs_own_task_whatever_tasks_says(tmp_path, capsys):
+    """`--race RUN` on a vault run without `--tasks vault` (the default is room): the gap column is the vault's,
+    read through the run's args.json, as the hand rows above give it, not nan."""
+    rows = [{"step": 0, "train/vault/success_exp": 0.5, "train/vault/success_noexp": 0.25,
+             "lessons/right_written": 0.5, "lessons/right_by_chance": 0.25}]
+    (tmp_path / "args.json").write_text(json.dumps({"tasks": ["vault"], "instance_visits": 4}))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reproduce.main(["--race", str(tmp_path)])
+    assert "| 0-29 | 0 (0) | 0.50 | 0.25 | +0.250 |" in capsys.readouterr().out
+
+
 def test_chance_from_bank_rebuilds_lessons_right_by_chance_from_the_bank_and_the_vaults_played(tmp_path):
     """A run of 2 iterations, 2 groups, 2 lessons a group, logged before the metric: iteration 0's lessons name
     group 0's door twice and group 1's door then another, so right 3/4 and by chance what metrics.right_by_chance
