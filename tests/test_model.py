@@ -107,6 +107,20 @@ def test_fp32_products_outside_autograd_follow_every_update_of_the_weights(tmp_p
         assert ours(x).dtype == torch.bfloat16
 
 
+@pytest.mark.skipif(torch.bfloat16 not in model._PACKED_DTYPES, reason="oneDNN's bf16 products need an x86 CPU with AVX-512")
+def test_bf16_products_outside_autograd_are_torchs_bit_for_bit(tmp_path):
+    """A run's bf16 rollout copy decodes through oneDNN's laid-out weights: its logits are bit-equal to torch's own
+    products (the same forward with autograd on), so the switch changes no sampled token."""
+    hf = _randomise(_hf("qwen2", True))
+    hf.save_pretrained(tmp_path)
+    ours = Transformer.from_pretrained(tmp_path).to(torch.bfloat16)
+    x = torch.randint(0, COMMON["vocab_size"], (16, 30), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        fast = ours(x)
+    assert hasattr(ours.lm_head, "_packed") and hasattr(ours.layers[0].self_attn.qkv_proj, "_packed")
+    assert torch.equal(fast, ours(x).detach())
+
+
 def test_llama3_rope_scaling_is_applied():
     hf = _hf("llama3", False)
     ours = rope_inv_freq(ModelConfig.from_hf(hf.config.to_dict()))
