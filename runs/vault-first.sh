@@ -13,6 +13,8 @@
 # across sittings; one code version on one kind of machine for the whole comparison (each folder's ran-on.txt).
 # Usage, from anywhere: bash runs/vault-first.sh [ROOT] [JOBS]   writes ROOT/vault-first/ (default ROOT: runs/rebuild;
 # ROOT `results` resumes the committed record; JOBS cells side by side, default 1: the 2-core CPU 1, an H200 5).
+# Produced at e5675a1 (the method of ade97fb); its cells replay value for value at 8280bad or earlier, not from fc3ad86
+# on, where the lesson prior rounds differently (runs/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-runs/rebuild}
