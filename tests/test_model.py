@@ -107,7 +107,8 @@ def test_fp32_products_outside_autograd_follow_every_update_of_the_weights(tmp_p
         assert ours(x).dtype == torch.bfloat16
 
 
-@pytest.mark.skipif(torch.bfloat16 not in model._PACKED_DTYPES, reason="oneDNN's bf16 products need an x86 CPU with AVX-512")
+@pytest.mark.skipif(torch.bfloat16 not in model._PACKED_DTYPES,
+                    reason="oneDNN's bf16 products need an x86 CPU with AVX-512")
 def test_bf16_products_outside_autograd_are_torchs_bit_for_bit(tmp_path):
     """A run's bf16 rollout copy decodes through oneDNN's laid-out weights: its logits are bit-equal to torch's own
     products (the same forward with autograd on), so the switch changes no sampled token."""
