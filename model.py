@@ -37,11 +37,10 @@ from sampling import Sampling, allow_mask, allowed_by_target, draw, target_logpr
 # -----------------------------------------------------------------------------------------------------------
 # the decoder
 
-# Linear's oneDNN layout of weights: measured on x86 CPUs only, so used there only; bf16 where oneDNN has it
-_PACKED_CPU = (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
-               and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-_PACKED_DTYPES = (() if not _PACKED_CPU else
-                  (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,))
+# the dtypes Linear lays out for oneDNN: measured on x86 CPUs only, so used there only; bf16 where oneDNN has it
+_PACKED_DTYPES = ((torch.float32,) + ((torch.bfloat16,) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ())
+                  if platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+                  and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") else ())
 
 
 def rope_inv_freq(c: ModelConfig) -> torch.Tensor:
@@ -119,11 +118,9 @@ class _CacheStep:
 class Linear(nn.Linear):
     """nn.Linear that, in an fp32 or bf16 forward on a CPU outside autograd and autocast (decoding, scoring),
     multiplies by a copy of its weight laid out once for oneDNN (a second copy of the weights in memory), made again
-    when the weight changes (its version counter moves on every in-place update). At SmolLM2's shape, 16 rows a
-    product, torch's fp32 product ran at 60-125 GFLOP/s and the laid-out one 2-5x as fast: fp32 generate went from
-    1.15x to 2.04x transformers' (results/cpu-speed/packed-2026-11-28.txt). In bf16 (a run's rollout copy) the
-    laid-out product is bit-equal to torch's: SmolLM2's bf16 generate 1.19x as fast, a vault iteration 3.5% faster
-    (results/cpu-speed/packed-bf16-2026-11-30.txt)."""
+    when the weight changes (its version counter moves on every in-place update). SmolLM2's fp32 generate went from
+    1.15x to 2.04x transformers'; in bf16 (a run's rollout copy) the product is bit-equal to torch's and generate
+    1.19x as fast (results/cpu-speed/packed-2026-11-28.txt, packed-bf16-2026-11-30.txt)."""
 
     def forward(self, x):
         w = self.weight

@@ -84,7 +84,7 @@ def test_fused_projections_train_as_transformers_separate_ones(tmp_path, kind):
     assert {h for n, _ in ours.named_parameters() for h in hf_parts(n)} == set(theirs)
 
 
-@pytest.mark.skipif(not model._PACKED_CPU, reason="oneDNN's weight layout is used on x86 CPUs only")
+@pytest.mark.skipif(torch.float32 not in model._PACKED_DTYPES, reason="oneDNN's weight layout is used on x86 CPUs only")
 def test_fp32_products_outside_autograd_follow_every_update_of_the_weights(tmp_path):
     """Outside autograd an fp32 Linear multiplies by oneDNN's copy of its weight: the logits equal torch's own
     products (the same forward with autograd on) before and after each optimizer step, which changes the weights
