@@ -19,6 +19,7 @@ runs Triton on CUDA (where Triton is installed) and plain torch elsewhere. crl.p
 embedder.py (the decoder embedder) are the callers.
 """
 import math
+import os
 import platform
 from dataclasses import dataclass
 
@@ -448,8 +449,36 @@ class Session:
 
     @torch.no_grad()
     def prefill(self, rows: list[int], new: list[list[int]]) -> torch.Tensor:
-        """Append `new[i]` (ragged, non-empty) to conversation rows[i] in one batched call; returns the
-        fp32 logits [len(rows), V] after each row's last new token."""
+        """Append `new[i]` (ragged, non-empty) to conversation rows[i]; returns the fp32 logits [len(rows), V]
+        after each row's last new token. Rows that start empty share work (a group's rollouts and the extractor's
+        prompts begin alike): the prompts' common prefix is computed in one row and copied into the others, and a
+        repeated prompt is computed once and its row copied."""
+        if len(rows) < 2 or bool(self.lengths[torch.tensor(rows, device=self.lengths.device)].any()):
+            return self._prefill(rows, new)
+        first = {}
+        for i, x in enumerate(new):
+            first.setdefault(tuple(x), i)
+        uniq = list(first.values())
+        p = min(len(os.path.commonprefix([new[i] for i in uniq])), min(len(x) for x in new) - 1)
+        if p:
+            self._prefill(rows[uniq[0]:uniq[0] + 1], [new[uniq[0]][:p]])
+            self._copy_rows([rows[uniq[0]]] * (len(uniq) - 1), [rows[i] for i in uniq[1:]])
+        logits = self._prefill([rows[i] for i in uniq], [new[i][p:] for i in uniq])
+        src = [first[tuple(x)] for x in new]
+        self._copy_rows([rows[s] for i, s in enumerate(src) if s != i], [rows[i] for i, s in enumerate(src) if s != i])
+        return logits[[uniq.index(s) for s in src]]
+
+    def _copy_rows(self, src: list[int], dst: list[int]):
+        """Cache rows dst[i] become copies of src[i] (their positions up to the longest source)."""
+        if dst:
+            src_t, dst_t = (torch.tensor(r, device=self.lengths.device) for r in (src, dst))
+            n = int(self.lengths[src_t].max())
+            self.k[:, dst_t, :, :n] = self.k[:, src_t, :, :n]
+            self.v[:, dst_t, :, :n] = self.v[:, src_t, :, :n]
+            self.lengths[dst_t] = self.lengths[src_t]
+
+    def _prefill(self, rows: list[int], new: list[list[int]]) -> torch.Tensor:
+        """Append `new[i]` to rows[i] in one batched call (the prefill itself)."""
         dev = self.model.device
         ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(x, dtype=torch.long) for x in new], batch_first=True)
         n, rows_t = torch.tensor([len(x) for x in new], device=dev), torch.tensor(rows, device=dev)

@@ -63,8 +63,9 @@ def optimizer_step(run, update: Update, segments: list, advantages: list[float])
     if all_reduce_sum(len(trained)) == 0:
         return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
     update.opt.zero_grad(set_to_none=True)
-    sums = backward_micro_batches(run, update, [segments[j] for j in trained], [advantages[j] for j in trained],
-                                  denoms)
+    distinct, counts = repeats(segments, advantages, trained)
+    sums = backward_micro_batches(run, update, [segments[j] for j in distinct], [advantages[j] for j in distinct],
+                                  counts, denoms)
     if not is_sharded(model):   # FSDP has reduce-scattered them already
         all_reduce_grads(model)
     loss = all_reduce_sum(sums["loss"])
@@ -75,10 +76,10 @@ def optimizer_step(run, update: Update, segments: list, advantages: list[float])
     return {**out, **clip_and_step(run, model, update.opt, loss)}
 
 
-def backward_micro_batches(run, update: Update, segments: list, advantages: list[float], denoms: dict
-                           ) -> dict:
-    """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate.
-    Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
+def backward_micro_batches(run, update: Update, segments: list, advantages: list[float], counts: list[int],
+                           denoms: dict) -> dict:
+    """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate. Segment
+    j stands for counts[j] identical ones. Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
     cfg, model, (lo, hi), sampling = run.cfg, update.model, update.clip_range, update.sampling
     sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
     batches = micro_batches([len(s.tokens) for s in segments], cfg.micro_batch, cfg.micro_tokens)
@@ -89,7 +90,10 @@ def backward_micro_batches(run, update: Update, segments: list, advantages: list
             batch = [segments[j] for j in idx]
             tokens, mask, old = pad_segments(batch, device)
             adv = torch.tensor([advantages[j] for j in idx], device=device)
-            seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) for s in batch], device=device)
+            # a row standing for c identical sequences weighs c times: its per-sequence mean divided by tokens / c
+            seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) / counts[j]
+                                       for s, j in zip(batch, idx)], device=device)
+            weight = torch.tensor([float(counts[j]) for j in idx], device=device)[:, None].expand_as(mask)[mask]
             out = token_logprobs(model, tokens, mask, sampling, allowed=[s.allowed for s in batch],
                                  entropy=update.entropy)
             logp, extra = (out[0], {"entropy": out[1]}) if update.entropy else (out, {})
@@ -99,9 +103,9 @@ def backward_micro_batches(run, update: Update, segments: list, advantages: list
                 with torch.no_grad():
                     ratio = torch.exp(logp - old)[mask]
                     sums["loss"] += loss.item()
-                    sums["ratio"] += ratio.sum().item()
-                    sums["clipfrac"] += ((ratio < lo) | (ratio > hi)).sum().item()
-                    sums["tokens"] += ratio.numel()
+                    sums["ratio"] += (ratio * weight).sum().item()
+                    sums["clipfrac"] += (((ratio < lo) | (ratio > hi)) * weight).sum().item()
+                    sums["tokens"] += weight.sum().item()
     return sums
 
 
@@ -131,6 +135,21 @@ def pad_segments(segments: list, device) -> tuple[torch.Tensor, torch.Tensor, to
         old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
     mask[:, 0] = False   # the first token has no prediction
     return tokens.to(device), mask.to(device), old.to(device)
+
+
+def repeats(segments: list, advantages: list[float], chosen: list[int]) -> tuple[list[int], list[int]]:
+    """The distinct (segment, advantage) pairs among `chosen`, each once, and how often each occurs: a group's
+    rollouts often play alike, and n identical sequences' gradient is one's times n, for one forward/backward."""
+    keep, counts = [], []
+    for j in chosen:
+        k = next((i for i, u in enumerate(keep) if advantages[u] == advantages[j] and segments[u] == segments[j]),
+                 None)
+        if k is None:
+            keep.append(j)
+            counts.append(1)
+        else:
+            counts[k] += 1
+    return keep, counts
 
 
 def micro_batches(lengths: list[int], size: int, tokens: int | None) -> list[list[int]]:

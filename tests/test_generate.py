@@ -150,6 +150,26 @@ def test_prefill_of_fresh_and_mixed_rows_matches_forward(pair):
         assert (got - ref).abs().max() < 1e-4
 
 
+def test_fresh_rows_share_their_common_prefix_and_repeated_prompts(pair, monkeypatch):
+    """Rows that start empty compute the prompts' common prefix in one row and a repeated prompt once, then
+    copy cache rows: each row's logits, on this turn and the next, are a plain forward's of its whole history."""
+    _, ours = pair
+    computed, inner = [], Session._prefill
+    monkeypatch.setattr(Session, "_prefill", lambda self, rows, new: computed.append(sum(map(len, new)))
+                        or inner(self, rows, new))
+    stem = _prompts(1, 12, 13, 89, seed=7)[0]
+    first = dict(zip([4, 0, 2, 1, 3], [stem + [4, 5], stem + [6], stem + [4, 5], stem + [7, 8, 9], stem + [4, 5]]))
+    more = {0: [1], 4: [2, 3], 3: [4]}                 # row 3 was a copy of row 4; now they part
+    s = Session(ours, max_batch=5, max_len=64)
+    logits = dict(zip(first, s.prefill(list(first), list(first.values()))))
+    assert computed == [12, 2 + 1 + 3]                 # the stem once, then the rest of each distinct prompt
+    logits_more = dict(zip(more, s.prefill(list(more), list(more.values()))))
+    for got, history in [(logits, first), (logits_more, {r: first[r] + x for r, x in more.items()})]:
+        for r, seq in history.items():
+            with torch.no_grad():
+                assert (got[r] - ours(torch.tensor([seq]))[0, -1]).abs().max() < 1e-4
+
+
 def test_session_turns_equal_one_shot_on_concatenated_history(pair):
     _, ours = pair
     sess = Session(ours, max_batch=4, max_len=200)

@@ -67,7 +67,7 @@ def test_bf16_update_gradients_equal_the_plain_autocast_recipe():
     loss_fn, clip = bound_loss("grpo")
     holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
     denoms = dict(num_seqs=float(len(segs)))
-    backward_micro_batches(holder, crl.Update(model, None, loss_fn, clip), segs, advs, denoms)
+    backward_micro_batches(holder, crl.Update(model, None, loss_fn, clip), segs, advs, [1] * len(segs), denoms)
     ours = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     for idx in micro_batches([len(s.tokens) for s in segs], 2, None):

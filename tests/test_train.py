@@ -1,5 +1,6 @@
 """End to end: train.py on tiny models in every mode, --resume, bad input, DDP with torchrun, and free-text
 mode on HF checkpoints (written with transformers) including search_and_ask."""
+import copy
 import functools
 import json
 import os
@@ -16,6 +17,7 @@ import parallel
 import prior
 import rundir
 import train
+import update
 from model import token_logprobs
 from sampling import Sampling
 from small import presets
@@ -577,6 +579,36 @@ def test_a_token_budget_leaves_the_update_unchanged():
     a, b = update(micro_batch=6), update(micro_batch=6, micro_tokens=40)   # lengths 10-25: batches of 1-4
     assert any(not torch.equal(a[k], tiny_model(seed=0).state_dict()[k]) for k in a)
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+@pytest.mark.parametrize("objective", ["grpo", "cispo"])
+def test_repeated_sequences_run_once_and_weigh_as_often_as_they_occur(objective, monkeypatch):
+    """Sequences that repeat with the same advantage (a group's rollouts often play alike) go through the model
+    once: the step and its statistics equal those with every copy a row of its own; a copy whose advantage
+    differs stays a row of its own."""
+    segs, advs = fixed_segments(tiny_model(seed=0))
+    order = [0, 1, 1, 2, 3, 3, 3, 4, 5, 2]
+    segs, advs = [copy.deepcopy(segs[j]) for j in order], [advs[j] for j in order]
+    advs[-1] += 0.5
+    rows, logprobs = [], update.token_logprobs
+    monkeypatch.setattr(update, "token_logprobs", lambda m, tokens, *a, **k: rows.append(len(tokens))
+                        or logprobs(m, tokens, *a, **k))
+
+    def step():
+        model = tiny_model(seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        stats = crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=3)),
+                                  crl.Update(model, opt, *bound_loss(objective)), segs, advs)
+        return model.state_dict(), stats
+    once, once_stats = step()
+    assert sum(rows) == 7                               # 10 sequences, 7 distinct (segment, advantage) pairs
+    monkeypatch.setattr(update, "repeats", lambda segments, advantages, chosen: (chosen, [1] * len(chosen)))
+    each, each_stats = step()
+    assert sum(rows) == 7 + 10
+    assert all(torch.allclose(once[k], each[k], atol=1e-6) for k in once)
+    assert any(not torch.equal(once[k], tiny_model(seed=0).state_dict()[k]) for k in once)
+    assert once_stats.keys() == each_stats.keys()
+    assert once_stats == pytest.approx(each_stats, rel=1e-5)
 
 
 # --dtype auto: bf16 where the CPU computes it natively, measured by parallel.choose_dtype's matmul probe
