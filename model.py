@@ -33,7 +33,7 @@ from hf import ModelConfig, checkpoint_dir, hf_parts, read_config, read_weights,
 from hf import PACKAGED, ByteTokenizer, load_tokenizer  # noqa: F401  (re-exported: callers import them from here)
 from kernels import apply_rope, decode_attention, rmsnorm
 from kernels.decode_attention import ReadSpan
-from sampling import Sampling, allow_mask, allowed_by_target, draw, target_logprobs
+from sampling import Sampling, Stops, allow_mask, allowed_by_target, draw, target_logprobs
 
 # -----------------------------------------------------------------------------------------------------------
 # the decoder
@@ -119,9 +119,8 @@ class _CacheStep:
 class Linear(nn.Linear):
     """nn.Linear that, in an fp32 or bf16 forward on a CPU outside autograd and autocast (decoding, scoring),
     multiplies by a copy of its weight laid out once for oneDNN (a second copy of the weights in memory), made again
-    when the weight changes (its version counter moves on every in-place update). SmolLM2's fp32 generate went from
-    1.15x to 2.04x transformers'; in bf16 (a run's rollout copy) the product is bit-equal to torch's and generate
-    1.19x as fast (results/cpu-speed/packed-2026-11-28.txt, packed-bf16-2026-11-30.txt)."""
+    when the weight changes (its version counter moves on every in-place update): SmolLM2's generate 1.77x as fast
+    in fp32, 1.19x in bf16, bit-equal in bf16 (results/cpu-speed/packed-2026-11-28.txt, packed-bf16-2026-11-30.txt)."""
 
     def forward(self, x):
         w = self.weight
@@ -332,31 +331,6 @@ class Sample:
     allowed: list                     # per token: the allowed ids if a constraint masked that step, else None
 
 
-@dataclass
-class _Stops:
-    """When an unconstrained reply ends: on an id in `ids` (the config's EOS ids and the ids in stop=), or
-    when a stop string appears in the decoded last `tail` tokens of the reply."""
-    ids: set
-    strings: list
-    tokenizer: object
-    tail: int
-
-    @classmethod
-    def parse(cls, config: ModelConfig, stop, tokenizer) -> "_Stops":
-        stop = [stop] if isinstance(stop, (int, str)) else list(stop)
-        strings = [s for s in stop if isinstance(s, str)]
-        if strings and tokenizer is None:
-            raise ValueError("stop strings need tokenizer= to decode the generated text")
-        ids = set(config.eos_token_ids) | {int(s) for s in stop if not isinstance(s, str)}
-        tail = max((len(s.encode("utf-8")) for s in strings), default=0) + 4  # tokens enough to hold a string
-        return cls(ids, strings, tokenizer, tail)
-
-    def hit(self, tokens: list[int]) -> bool:
-        if tokens[-1] in self.ids:
-            return True
-        return bool(self.strings) and any(s in self.tokenizer.decode(tokens[-self.tail:]) for s in self.strings)
-
-
 # -----------------------------------------------------------------------------------------------------------
 # KV-cache session and the generator
 
@@ -449,23 +423,20 @@ class Session:
 
     @torch.no_grad()
     def prefill(self, rows: list[int], new: list[list[int]]) -> torch.Tensor:
-        """Append `new[i]` (ragged, non-empty) to conversation rows[i]; returns the fp32 logits [len(rows), V]
-        after each row's last new token. Rows that start empty share work (a group's rollouts and the extractor's
-        prompts begin alike): the prompts' common prefix is computed in one row and copied into the others, and a
-        repeated prompt is computed once and its row copied."""
+        """Append `new[i]` (ragged, non-empty) to conversation rows[i]; returns the fp32 logits [len(rows), V] after
+        each row's last new token. Rows that start empty share work (a group's rollouts begin alike): the prompts'
+        common prefix is computed in one row and copied into the others, a repeated prompt once and its row copied."""
         if len(rows) < 2 or bool(self.lengths[torch.tensor(rows, device=self.lengths.device)].any()):
             return self._prefill(rows, new)
-        first = {}
-        for i, x in enumerate(new):
-            first.setdefault(tuple(x), i)
-        uniq = list(first.values())
-        p = min(len(os.path.commonprefix([new[i] for i in uniq])), min(len(x) for x in new) - 1)
+        src = [new.index(x) for x in new]             # the first i whose prompt is new[i]'s
+        uniq = sorted(set(src))
+        p = min(len(os.path.commonprefix(new)), min(map(len, new)) - 1)   # at least a token left a row
         if p:
-            self._prefill(rows[uniq[0]:uniq[0] + 1], [new[uniq[0]][:p]])
+            self._prefill([rows[uniq[0]]], [new[uniq[0]][:p]])
             self._copy_rows([rows[uniq[0]]] * (len(uniq) - 1), [rows[i] for i in uniq[1:]])
         logits = self._prefill([rows[i] for i in uniq], [new[i][p:] for i in uniq])
-        src = [first[tuple(x)] for x in new]
-        self._copy_rows([rows[s] for i, s in enumerate(src) if s != i], [rows[i] for i, s in enumerate(src) if s != i])
+        copies = [i for i, s in enumerate(src) if s != i]
+        self._copy_rows([rows[src[i]] for i in copies], [rows[i] for i in copies])
         return logits[[uniq.index(s) for s in src]]
 
     def _copy_rows(self, src: list[int], dst: list[int]):
@@ -523,7 +494,7 @@ class _Reply:
         """The ids the constraint allows next; None when unconstrained."""
         return None if self.cursor is None else self.cursor.choices()
 
-    def take(self, token: int, logprob: float, allowed, stops: _Stops, max_new_tokens: int) -> bool:
+    def take(self, token: int, logprob: float, allowed, stops: Stops, max_new_tokens: int) -> bool:
         """Append a sampled token and any the constraint forces after it; True while the reply goes on."""
         self.unfed = []
         self._append(token, logprob, allowed)
@@ -575,7 +546,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, sampling: Sam
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not prompts:
         return []
-    stops = _Stops.parse(model.config, stop, tokenizer)
+    stops = Stops.parse(model.config, stop, tokenizer)
     constraint = _constraints(constraint, len(prompts))
     _check_token_ids(prompts, model.config.vocab_size)
     if generator is None and seed is not None:

@@ -1,7 +1,8 @@
 """sampling.py — the one definition of "the distribution sampled from", shared by model.py's generator, which
 draws from it, and its training-side log-probs (token_logprobs), which recompute under it: a constraint's mask,
 then temperature, top-k and top-p (`filter_logits`, held by `Sampling`), and the draw itself (`draw`); and the
-log-probs under it that token_logprobs takes from a model's hidden states (`target_logprobs`)."""
+log-probs under it that token_logprobs takes from a model's hidden states (`target_logprobs`); and when an
+unconstrained reply ends (`Stops`)."""
 from dataclasses import dataclass
 
 import torch
@@ -126,3 +127,28 @@ def target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_si
         else:
             parts.append(chunk_lp(h[s:e], targets[s:e], allow))
     return torch.cat(parts, -1)
+
+
+@dataclass
+class Stops:
+    """When an unconstrained reply ends: on an id in `ids` (the config's EOS ids and the ids in stop=), or
+    when a stop string appears in the decoded last `tail` tokens of the reply."""
+    ids: set
+    strings: list
+    tokenizer: object
+    tail: int
+
+    @classmethod
+    def parse(cls, config, stop, tokenizer) -> "Stops":
+        stop = [stop] if isinstance(stop, (int, str)) else list(stop)
+        strings = [s for s in stop if isinstance(s, str)]
+        if strings and tokenizer is None:
+            raise ValueError("stop strings need tokenizer= to decode the generated text")
+        ids = set(config.eos_token_ids) | {int(s) for s in stop if not isinstance(s, str)}
+        tail = max((len(s.encode("utf-8")) for s in strings), default=0) + 4  # tokens enough to hold a string
+        return cls(ids, strings, tokenizer, tail)
+
+    def hit(self, tokens: list[int]) -> bool:
+        if tokens[-1] in self.ids:
+            return True
+        return bool(self.strings) and any(s in self.tokenizer.decode(tokens[-self.tail:]) for s in self.strings)
