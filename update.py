@@ -4,10 +4,10 @@ extractor, each bound to its settings) → backward → clip the gradient's norm
 
 crl.actor_update and crl.extractor_update call `policy_update` with an `Update` (model, optimizer, objective,
 sampler) and a batch of segments (crl.Segment: tokens, the trained-token mask, the sampler's log-probs, allowed
-ids) with their advantages. The batch is split into micro-batches of similar lengths, and each loss is divided
-by the global sequence count, so the gradients summed over micro-batches and ranks are the mean over the whole
-batch: the same step for any micro-batch size or number of ranks. The collectives and mixed precision it uses
-are parallel.py's.
+ids) with their advantages. A sequence repeated with the same advantage goes through the model once, weighted by
+its count. The batch is split into micro-batches of similar lengths, and each loss is divided by the global
+sequence count, so the gradients summed over micro-batches and ranks are the mean over the whole batch: the same
+step for any micro-batch size or number of ranks. The collectives and mixed precision it uses are parallel.py's.
 """
 import math
 import warnings
