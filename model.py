@@ -432,17 +432,17 @@ class Session:
         uniq = sorted(set(src))
         p = min(len(os.path.commonprefix(new)), min(map(len, new)) - 1)   # at least a token left a row
         if p:
+            self.reserve(max(map(len, new)))          # the cache grows once, not for the prefix and again after it
             self._prefill([rows[uniq[0]]], [new[uniq[0]][:p]])
-            self._copy_rows([rows[uniq[0]]] * (len(uniq) - 1), [rows[i] for i in uniq[1:]])
+            self._copy_rows([(rows[uniq[0]], rows[i]) for i in uniq[1:]])
         logits = self._prefill([rows[i] for i in uniq], [new[i][p:] for i in uniq])
-        copies = [i for i, s in enumerate(src) if s != i]
-        self._copy_rows([rows[src[i]] for i in copies], [rows[i] for i in copies])
+        self._copy_rows([(rows[s], rows[i]) for i, s in enumerate(src) if s != i])
         return logits[[uniq.index(s) for s in src]]
 
-    def _copy_rows(self, src: list[int], dst: list[int]):
-        """Cache rows dst[i] become copies of src[i] (their positions up to the longest source)."""
-        if dst:
-            src_t, dst_t = (torch.tensor(r, device=self.lengths.device) for r in (src, dst))
+    def _copy_rows(self, pairs: list[tuple[int, int]]):
+        """Cache row d becomes a copy of row s, for each (s, d) (positions up to the longest s)."""
+        if pairs:
+            src_t, dst_t = torch.tensor(pairs, device=self.lengths.device).T
             n = int(self.lengths[src_t].max())
             self.k[:, dst_t, :, :n] = self.k[:, src_t, :, :n]
             self.v[:, dst_t, :, :n] = self.v[:, src_t, :, :n]
