@@ -36,13 +36,16 @@ from bank_store import NEVER as _NEVER, Persistence
 # settings and records
 
 
+CANDIDATES = 16     # [release] the cosine top-N that the re-rank chooses from
+SEARCH_BATCH = 32   # queries that read one snapshot of the usage counts: a training search counts what each batch of
+                    # a call showed before the next reads them [release: up to 32 queries in a 5 ms window; here in order]
+
+
 @dataclass
 class BankConfig:
     """ExperienceBank's settings: its capacity and the release's diversity re-rank (see ExperienceBank)."""
     capacity: int = field(default=20000, metadata={"help": "entries kept per task; beyond it the oldest is evicted "
                                                            "[release: 20000, over all tasks]", "min": 1})
-    candidates: int = field(default=16, metadata={"help": "cosine top-N that the re-rank chooses from [release]",
-                                                   "min": 1})
     use_penalty: float = field(default=0.4, metadata={"help": "re-rank: minus this times log(1 + times shown), in "
                                                               "ranks [release]", "min": 0})
     recency_penalty: float = field(default=1.0, metadata={"help": "re-rank: minus this, in ranks, for an entry shown "
@@ -57,11 +60,6 @@ class BankConfig:
                                                                "served (-1: any [release]; near 1: only lessons of the "
                                                                "very same first view, as a control)",
                                                       "min": -1, "max": 1})
-    search_batch: int = field(default=32, metadata={"help": "queries that read one snapshot of the usage counts: a "
-                                                            "training search counts what each batch of a call showed "
-                                                            "before the next batch reads them [release: up to 32 "
-                                                            "queries in a 5 ms window; here a call's queries in order]",
-                                                    "min": 1})
 
 
 @dataclass
@@ -172,10 +170,10 @@ class ExperienceBank(Persistence):
     so it writes too). Public methods never call each other under it: it is not re-entrant.
     """
 
-    def __init__(self, dim: int, capacity: int = BankConfig.capacity, candidates: int = BankConfig.candidates,
+    def __init__(self, dim: int, capacity: int = BankConfig.capacity, candidates: int = CANDIDATES,
                  use_penalty: float = BankConfig.use_penalty, recency_penalty: float = BankConfig.recency_penalty,
                  recency_window: int = BankConfig.recency_window, dropout: float = BankConfig.dropout,
-                 search_batch: int = BankConfig.search_batch, min_cosine: float = BankConfig.min_cosine):
+                 search_batch: int = SEARCH_BATCH, min_cosine: float = BankConfig.min_cosine):
         if int(dim) <= 0 or int(capacity) <= 0 or int(candidates) <= 0:
             raise ValueError(f"ExperienceBank needs dim, capacity, candidates > 0 "
                              f"(got {dim}, {capacity}, {candidates})")

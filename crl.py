@@ -56,24 +56,8 @@ How it departs from the release, and why (one line each; METHOD.md has the whole
 - the actor may be a tiny byte-level model, whose replies are constrained to the valid actions and whose
   extractor writes through constrained operation heads (small/grammar.py; a merge lists one lesson); on CPU
   distillation runs inline, and searches run on the caller's thread, not a pool of search workers.
-Options ours alone, off by default, each for the vault as a clean control of co-evolution and its studies (runs/):
-- `--credit lift`: a lesson earns its episode's gain over the same instance played without experience (episode_lift);
-- `--instance-visits K`: fresh instances, each played K iterations (visiting_instance); `--bank-min-cosine`: only
-  near lessons are served, so a vault reads only its own (runs/vault-clean.sh);
-- `--extractor-none failure`: only a lost episode may yield no lesson;
-- `--vault-reveal`: a lost vault ends naming its door, so every episode can teach (results/vault-reveal);
-- `--extractor oracle` (static mode): writes the door each transcript shows, the ceiling of what lessons can give;
-- `--head-start N`: the actor frozen N iterations: the extractor learns before the actor's habit zeroes a lesson's lift;
-- `--extractor-baseline none`: CISPO's advantage is the reward: the batch mean paid for ignored lessons (vault-head);
-- `--extractor-entropy B`: B times the entropy of the extractor's sampled choices joins CISPO's objective: on the
-  reveal a collapsed extractor's gradient vanished (norm 0.00-0.01 for 70 iterations) on a wrong door (vault-prior);
-- `--extractor-blind`: distillation does not show an episode the lessons it read (adds only): shown them, the
-  extractor learned to copy them, not the outcome (results/cispo-vault, reveal-recur4);
-- `--credit-discount 0`: only a first-action win is credited: a wrong lesson naming the door the actor played next
-  anyway cost it little, and CISPO collapsed onto such doors (results/vault-prior's credit traces);
-- `--lesson-prior N` (train.py): the actor first taught to follow a lesson and then search (prior.py);
-- held-out vaults with balanced doors and names training never draws (envs.held_out_seeds), attempts from an empty
-  bank: so the evaluation measures the lesson, not the lottery of the doors an actor plays or a lesson from training.
+The finished vault study (results/vault-first/, `--recipe vault-first`) adds a credit by lift, visiting instances,
+a scripted oracle extractor and the extractor's head start: vault_study.py, called where marked `# vault study`.
 
 Tags in comments: `PAPER §Section: term` names what the code implements; `[release]` marks a choice taken from the
 authors' released code where the paper does not state it."""
@@ -92,11 +76,12 @@ from hf import encode_chat, next_turn_tokens
 from model import Session, generate
 from sampling import Sampling
 from parallel import all_reduce_sum, cores_per_rank, gather_objects, rank, seeded_generator, world
-from settings import batching, per_task, probe, setting, small_models, vault_study
+from settings import batching, finished_study, per_task, setting, small_models
 from small.grammar import Constraint, heads_for
 from update import Update, policy_update
+import vault_study
 from metrics import (episode_metrics, paired_contrast, retrieval_metrics, same_instance, searches, success_metrics,
-                     vault_lessons, wrote_share)
+                     wrote_share)
 
 
 MODES = ("crl", "grpo", "static", "exp-only")
@@ -110,6 +95,12 @@ EXTRACTOR_SAMPLING = 2  # torch: the extractor's sampling (distillation, answers
 RERANK = 4              # numpy: the re-rank's top-1 dropout, in training (in evaluation: seeded at EVAL_STEP)
 EVAL_SAMPLING = 3       # torch: the actor's sampling in evaluation...
 EVAL_STEP = 7           # ...seeded as at this fixed step, so every evaluation of a run draws the same noise
+
+# [release] values no result has changed, kept as constants (each was a flag until the vault study closed)
+EXTRACTOR_TEMPERATURE = 1.0   # the extractor samples at 1, as the actor does by default
+MAX_ASKS = 2                  # search_and_ask calls per free-text episode
+MERGE_SIZE = 5                # entries of the bank each merge call adds to what the previous call wrote
+MAX_GENERATIONS = 4096        # extractor generations kept; beyond it the oldest that can earn nothing are dropped
 
 # ---------------------------------------------------------------------------------------------------------
 # Settings and run state
@@ -139,7 +130,6 @@ class CRLConfig:
     retrieve_k: int = setting(1, "lessons injected into a with-experience prompt [release: top 1]", min=1)
     free_text: bool = setting(True, "actor replies free text with <answer>ACTION</answer>; else constrained "
                                     "to the valid actions")
-    max_asks: int = setting(2, "search_and_ask calls per free-text episode [release]", min=0)
     history: str | None = setting(None, "turns kept in the actor's context: none (the whole episode, KV cache kept "
                                         "across turns), N for every task, or TASK=N,... (a task not named keeps the "
                                         "whole episode)", per_task=0)
@@ -150,7 +140,6 @@ class CRLConfig:
     max_context: int = setting(16384, "actor context; an episode that outgrows it ends as a failure", min=2)
     extractor_free_text: bool = setting(True, "extractor writes free text; else its operation heads are "
                                               "constrained and the lessons free")
-    extractor_temperature: float = setting(1.0, "extractor sampling temperature", min=0)
     extractor_reply_tokens: int = setting(8192, "tokens per extractor reply, room for a thinking model's reasoning "
                                                 "[release] (a --lesson-moves reply gets at least its longest plan)",
                                           min=1)
@@ -168,16 +157,10 @@ class CRLConfig:
                          choices=("accept-refine-reject", "accept-reject", "none"))
     credit: str = setting("outcome", "what an episode credits the generations behind the lessons it used: outcome "
                                      "(its score, 0 -> -1: +1/-1 on success/failure, WebShop's fraction as it is) "
-                                     "[release and paper], or lift (its reward minus its group's mean without "
-                                     "experience; ours)", choices=("outcome", "lift"))
-    credit_discount: float = vault_study(1.0, "an episode credits its reward times this per action after the first "
-                                              "(a lesson earns what it saves; 0: first-action wins)", min=0, max=1)
-    max_generations: int = setting(4096, "extractor generations kept; beyond it the oldest that hold no credits "
-                                          "and wrote no lesson still in the bank are dropped (a NONE, a trained "
-                                          "answer, a replaced lesson); one whose lesson lives is kept [release]", min=0)
+                                     "[release and paper]; lift (its reward minus its group's mean without "
+                                     "experience) or first-lift (the lift of a first-action win only): the vault "
+                                     "study's (vault_study.episode_lift)", choices=("outcome", "lift", "first-lift"))
     merge_every: int = setting(5, "iterations between merge passes (0: never) [release]", min=0)
-    merge_size: int = setting(5, "entries of the bank each merge call adds to what the previous call wrote [release]",
-                              min=1)
     bank: BankConfig = setting(BankConfig(), "the experience bank")
     micro_batch: int = batching(4, "sequences per forward/backward", min=1)
     micro_tokens: int | None = batching(None, "padded tokens per forward/backward, at most (default none: only "
@@ -207,37 +190,19 @@ class CRLConfig:
                                                  "none; it can drift out of NONE too: on results/vault-clean's crl "
                                                  "seeds 1-3 it wrote a lesson after every episode from iteration 50)",
                                        choices=("always", "never", "failure"))
-    train_instances: int = probe(0, "a finite training pool: instance seeds drawn from N fixed ones, as the "
-                                    "paper's finite train sets (0: a fresh seed every group); evaluation stays "
-                                    "on held-out seeds", min=0)
-    instance_visits: int = vault_study(0, "fresh task instances, each played by its group in N consecutive iterations "
-                                          "and then retired, the groups staggered: an instance recurs (its lessons can "
-                                          "be read back) but never long enough to be learned into the actor's weights "
-                                          "(0: off)", min=0)
-    vault_reveal: bool = vault_study(False, "a lost vault episode ends by naming the door that would have opened, so "
-                                            "every episode's transcript holds its vault's door (a lesson can follow a "
-                                            "loss, not only a win)")
-    head_start: int = vault_study(0, "the extractor's head start: the actor is frozen for the first N iterations "
-                                     "(crl mode), so the extractor learns to write before the actor learns an order "
-                                     "of doors whose first door is a lesson that costs nothing (0: off)", min=0)
-    extractor_baseline: str = vault_study("batch", "a CISPO advantage: the reward minus the batch's mean reward "
-                                          "(batch [release]) or the reward itself (none: under --credit lift 0 already "
-                                          "means no effect)", choices=("batch", "none"))
-    extractor_blind: bool = vault_study(False, "the extractor is not shown the lessons its episode read, so it may "
-                                               "only add (no update): under the reveal it learned to copy the lesson "
-                                               "it had written before instead of reading the outcome")
-    extractor_entropy: float = vault_study(0.0, "CISPO's loss minus this times the mean entropy of the extractor's "
-                                                "sampled distributions (over a constrained reply's allowed tokens): "
-                                                "against a policy gone deterministic on a wrong lesson, whose "
-                                                "gradient vanishes (0: off)", min=0)
+    instance_visits: int = finished_study(0, "fresh task instances, each played by its group in N consecutive "
+                                             "iterations and then retired, the groups staggered: an instance recurs "
+                                             "(its lessons can be read back) but is never learned into the weights "
+                                             "(0: off; vault_study.visiting_instance)", min=0)
+    head_start: int = finished_study(0, "crl mode: the actor frozen for the first N iterations, so the extractor "
+                                        "learns to write before the actor's habit makes a lesson worthless (0: off)",
+                                     min=0)
 
     def __post_init__(self):
         if isinstance(self.extractor_none, bool):   # runs written before it took a third value
             self.extractor_none = "always" if self.extractor_none else "never"
         if self.extractor_none not in ("always", "never", "failure"):
             raise ValueError(f"extractor_none must be always, never or failure, got {self.extractor_none!r}")
-        if self.instance_visits and self.train_instances:
-            raise ValueError("--instance-visits draws fresh instances; it cannot be combined with --train-instances")
         self.max_steps, self.history = (None if v is None else str(v) for v in (self.max_steps, self.history))
         # parsed once (a bad value fails here, not mid-run); window() is read every turn of every episode
         self._steps, self._windows = per_task(self.max_steps, 1), per_task(self.history, 0)
@@ -253,6 +218,11 @@ class CRLConfig:
     def sampling(self, temperature: float) -> Sampling:
         """A sampler at `temperature` (the actor's or the extractor's) with the shared top-k and top-p."""
         return Sampling(temperature, self.top_k, self.top_p)
+
+    @property
+    def update_settings(self) -> dict:
+        """What the policy update reads of the batching settings (update.Update's fields)."""
+        return dict(micro_batch=self.micro_batch, micro_tokens=self.micro_tokens, grad_clip=self.grad_clip)
 
     @property
     def uses_bank(self):
@@ -293,8 +263,7 @@ class Run:
             workers = self.cfg.env_workers
             if workers is None:   # bench.py env: 64 ALFWorld resets and 10 steps: 138 s serial, 75 s in 2 workers
                 workers = cores_per_rank() if "alfworld" in self.tasks else 0
-            self.pool = envs.EnvPool(self.cfg.show_map, self.cfg.steps, workers, self.cfg.list_actions,
-                                     self.cfg.vault_reveal)
+            self.pool = envs.EnvPool(self.cfg.show_map, self.cfg.steps, workers, self.cfg.list_actions)
 
 # ---------------------------------------------------------------------------------------------------------
 # The actor's prompts (PAPER §Experience bank: the lesson is read in the prompt): the system prompt holds
@@ -329,7 +298,7 @@ def actor_opening(cfg, env, experience: list[str], obs: str, can_ask: bool) -> t
     """An episode's system prompt and first user turn: the lessons close the system prompt, or with
     cfg.lesson_turn open the first observation as a tip."""
     system = actor_system_prompt(env, [] if cfg.lesson_turn else experience, cfg.free_text, can_ask,
-                                 cfg.instructions, cfg.max_asks)
+                                 cfg.instructions, MAX_ASKS)
     if cfg.lesson_turn and experience:
         obs = "\n".join(["Tip from earlier episodes:", *experience, "", obs])
     return system, obs
@@ -487,7 +456,7 @@ class EpisodeBatch:
         return samples
 
     def act(self, samples) -> list[tuple[int, str]]:
-        """Record each reply; a question (<ask>, free text with experience, within max_asks) is returned
+        """Record each reply; a question (<ask>, free text with experience, within MAX_ASKS) is returned
         for search_and_ask, any other reply steps the game."""
         cfg, tok = self.cfg, self.tok
         t0 = time.perf_counter()
@@ -501,7 +470,7 @@ class EpisodeBatch:
             self.history[i].append((self.obs[i], reply))
             self.feed[i] = [] if ended else [tok.eos_token_id]   # close a reply cut by the length limit
             ask = ASK_RE.search(reply) if cfg.free_text and e.with_exp and self.retrieving else None
-            if ask and "<answer>" not in reply and e.asks < cfg.max_asks:
+            if ask and "<answer>" not in reply and e.asks < MAX_ASKS:
                 e.asks += 1
                 questions.append((i, ask.group(1).strip()))
             else:
@@ -706,8 +675,8 @@ def actor_update(run, eps: list[Episode]) -> dict:
     seg_adv = [float(a) for e, a in zip(eps, adv) for _ in e.segments]
     t0 = time.perf_counter()
     update = Update(run.actor, run.actor_opt, functools.partial(grpo_loss, clip=cfg.clip),
-                    (1 - cfg.clip, 1 + cfg.clip), cfg.sampling(cfg.temperature), cfg.minibatches)
-    stats = policy_update(run, update, segments, seg_adv)
+                    (1 - cfg.clip, 1 + cfg.clip), cfg.sampling(cfg.temperature), cfg.minibatches, **cfg.update_settings)
+    stats = policy_update(update, segments, seg_adv)
     run.timer["update"] = time.perf_counter() - t0
     return {f"actor/{k}": v for k, v in stats.items()}
 
@@ -779,12 +748,10 @@ def shown_lessons(texts: list[str]) -> str:
     return "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts)) or "(none)"
 
 
-def extractor_view(cfg, e: Episode) -> list[tuple[int, str]]:
+def extractor_view(e: Episode) -> list[tuple[int, str]]:
     """The retrieved lessons the extractor is shown and may update, (entry id, text): all but those whose
-    judgement did not parse [release: the actor's prompt and the episode's record both lose such a lesson]; none
-    with cfg.extractor_blind."""
-    return [] if cfg.extractor_blind else [(i, text) for i, text, src in zip(e.retrieved, e.lessons, e.sources)
-                                           if e.verdicts.get(src) != "unparsed"]
+    judgement did not parse [release: the actor's prompt and the episode's record both lose such a lesson]."""
+    return [(i, text) for i, text, src in zip(e.retrieved, e.lessons, e.sources) if e.verdicts.get(src) != "unparsed"]
 
 
 def extractor_prompt(run, e: Episode) -> list[int]:
@@ -793,7 +760,7 @@ def extractor_prompt(run, e: Episode) -> list[int]:
     system = (EXTRACTOR_SYSTEM.format(max_operations=cfg.max_operations)
               + ("\n" + EXTRACTOR_FORMAT if cfg.extractor_free_text else ""))
     user = (f"Task: {e.instruction}\nOutcome: {'SUCCESS' if e.reward > 0 else 'FAILURE'}\n"
-            f"Lessons retrieved for the agent:\n{shown_lessons([t for _, t in extractor_view(cfg, e)])}\n"
+            f"Lessons retrieved for the agent:\n{shown_lessons([t for _, t in extractor_view(e)])}\n"
             f"Episode:\n{render_episode(e, cfg.episode_chars)}")
     return encode_chat(run.extractor_tok, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
@@ -844,7 +811,7 @@ def extractor_generate(run, prompts: list[list[int]], tasks: list[str], rng, hea
     cfg, tok = run.cfg, run.extractor_tok
     t0 = time.perf_counter()
     budget = Constraint.budget(cfg.extractor_reply_tokens, heads)   # a grammar reply is never cut
-    samples = generate(run.extractor, prompts, budget, cfg.sampling(cfg.extractor_temperature),
+    samples = generate(run.extractor, prompts, budget, cfg.sampling(EXTRACTOR_TEMPERATURE),
                        stop=[tok.eos_token_id], tokenizer=tok, generator=rng, constraint=heads)
     run.timer["extractor"] += time.perf_counter() - t0
     out = []
@@ -877,10 +844,10 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
     embedding of the episode's retrieval query; an update replaces the shown entries it names."""
     if not eps:
         return []
-    if run.extractor is None:   # --extractor oracle, the study's ceiling: every lesson right, none invented
-        return oracle_lessons(run, eps, step)
+    if run.extractor is None:   # vault study: --extractor oracle, the ceiling, every lesson right, none invented
+        return vault_study.oracle_lessons(run, eps, step)
     prompts = [extractor_prompt(run, e) for e in eps]
-    shown = [[i for i, _ in extractor_view(run.cfg, e)] for e in eps]
+    shown = [[i for i, _ in extractor_view(e)] for e in eps]
     outputs = extractor_generate(run, prompts, [e.task for e in eps], rng,
                                  heads_for(run, [len(ids) for ids in shown], [e.task for e in eps],
                                            won=[e.success for e in eps]), record)
@@ -895,18 +862,6 @@ def distill(run, eps: list[Episode], step: int, rng, record: bool = True) -> lis
         for kind, targets, text in parsed:
             ids = tuple(ids_shown[t - 1] for t in targets)
             ops.append(Operation(kind, e.task, text, ids, key, gen_id, step, origin=e.seed))
-    return ops
-
-
-def oracle_lessons(run, eps: list[Episode], step: int) -> list[Operation]:
-    """A scripted extractor for the vault: it adds the door each episode's transcript shows to open (the opened
-    one, or the one --vault-reveal names after a loss) and nothing where it shows none. No generation is
-    made, so nothing is credited or trained (run as static: what the actor gains when every lesson is right)."""
-    doors = [envs.vault_shown_door(e.transcript) for e in eps]
-    keys = run.manager.embed([e.query for e in eps])
-    ops = [Operation("add", e.task, door, (), key, -1, step, origin=e.seed)
-           for e, key, door in zip(eps, keys, doors) if door]
-    run.counters["operations"] += len(ops)
     return ops
 
 
@@ -937,11 +892,13 @@ def search_and_ask(run, questions: list[tuple[Episode, str]], rng, train: bool =
 
 def credit_generations(run, eps: list[Episode]):
     """Each episode credits the generations behind what it used: its score (0 -> -1), shaped by the actor's
-    verdict on each lesson (lesson_credit) [release] (or, with cfg.credit "lift", episode_lift). Credits from
-    every rank reach the rank that owns the generation (PAPER §Extractor objective: reward attribution)."""
-    lift, discount = run.cfg.credit == "lift", run.cfg.credit_discount
-    worth = episode_lift(eps, discount) if lift else [discounted(e, discount) for e in eps]
-    credits = [(src, lesson_credit(w, e.verdicts.get(src), zero_is_failure=not lift))
+    verdict on each lesson (lesson_credit) [release] (or, with cfg.credit lift or first-lift, its lift:
+    vault_study.episode_lift). Credits from every rank reach the rank that owns the generation (PAPER §Extractor
+    objective: reward attribution)."""
+    outcome = run.cfg.credit == "outcome"
+    worth = ([e.reward for e in eps] if outcome else   # vault study: the lift
+             vault_study.episode_lift(eps, first_only=run.cfg.credit == "first-lift"))
+    credits = [(src, lesson_credit(w, e.verdicts.get(src), zero_is_failure=outcome))
                for e, w in zip(eps, worth) for src in e.sources]
     for rank_credits in gather_objects(credits):
         for src, c in rank_credits:
@@ -953,36 +910,17 @@ def credit_generations(run, eps: list[Episode]):
             g.credits.append(c)
 
 
-def discounted(e: Episode, discount: float) -> float:   # not in the paper: --credit-discount
-    return e.reward * discount ** max(e.turns - 1, 0)
-
-
-def episode_lift(eps: list[Episode], discount: float = 1.0) -> list[float]:
-    """Not in the paper: a with-experience episode's (discounted) reward minus the mean of its group's episodes
-    without experience, the lesson's effect on the same instance apart from the actor's own progress (the ±1
-    outcome credits an improving actor's lessons whether or not they helped; results/smollm2). A group is
-    whole on one rank; an episode without experience, or in a group with none, gets 0."""
-    without = {}
-    for e in eps:
-        if not e.with_exp:
-            without.setdefault(e.group, []).append(discounted(e, discount))
-    return [discounted(e, discount) - sum(without[e.group]) / len(without[e.group])
-            if e.with_exp and e.group in without else 0.0 for e in eps]
-
-
-def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1, entropy=None,
-               entropy_coef: float = 0.0, **denoms):
+def cispo_loss(logp, old_logp, adv, mask, eps_low: float = 0.1, eps_high: float = 0.1, **denoms):
     """CISPO (MiniMax-M1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi. The importance weight is
-    clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [release]).
-    With `entropy_coef` (--extractor-entropy, ours) minus that times each token's sampled distribution's entropy."""
+    clipped, not the objective, so every token keeps its gradient (PAPER §Extractor objective [release])."""
     weight = torch.exp(logp - old_logp).clamp(1 - eps_low, 1 + eps_high).detach()
-    per_token = -weight * adv[:, None] * logp - (entropy_coef * entropy if entropy_coef else 0)
+    per_token = -weight * adv[:, None] * logp
     return aggregate(per_token, mask, **denoms)
 
 
 def extractor_update(run) -> dict:
     """Once `extractor_batch` generations have credits (over all ranks), one CISPO step on the newest
-    `extractor_batch` of them, with A = reward - batch mean (or, with cfg.extractor_baseline none, the reward);
+    `extractor_batch` of them, with A = reward - batch mean;
     the older ones lose their credits untrained [release: its buffer of 64 slots evicts the oldest on insert, and
     trains when full]. Newest means most recently queued (`Generation.queued`, then the id). A trained or evicted
     generation stays: when its lesson is used again it returns with the mean of its new credits [release]. Then
@@ -998,7 +936,6 @@ def extractor_update(run) -> dict:
         batch = [g for gid, g in ready.items() if gid in newest]
         rewards = [sum(g.credits) / len(g.credits) for g in batch]
         mean = all_reduce_sum(sum(rewards)) / cfg.extractor_batch
-        baseline = mean if cfg.extractor_baseline == "batch" else 0.0
         segments = []
         for g in batch:
             s = Segment()
@@ -1006,11 +943,10 @@ def extractor_update(run) -> dict:
             s.extend(g.tokens, True, g.logprobs, g.allowed)
             segments.append(s)
         t0 = time.perf_counter()
-        loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high,
-                                 entropy_coef=cfg.extractor_entropy)
+        loss = functools.partial(cispo_loss, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high)
         update = Update(run.extractor, run.extractor_opt, loss, (1 - cfg.cispo_eps_low, 1 + cfg.cispo_eps_high),
-                        cfg.sampling(cfg.extractor_temperature), entropy=cfg.extractor_entropy > 0)
-        stats = policy_update(run, update, segments, [r - baseline for r in rewards])
+                        cfg.sampling(EXTRACTOR_TEMPERATURE), **cfg.update_settings)
+        stats = policy_update(update, segments, [r - mean for r in rewards])
         run.timer["extractor_update"] += time.perf_counter() - t0
         for g in ready.values():
             g.credits = []
@@ -1020,11 +956,11 @@ def extractor_update(run) -> dict:
 
 
 def prune_generations(run):
-    """Beyond `max_generations`, drop the oldest generations that can earn nothing more: no credits waiting and
+    """Beyond MAX_GENERATIONS [release], drop the oldest generations that can earn nothing more: no credits waiting and
     no live bank entry written by them (a NONE, an ask's answer once trained, a lesson since replaced,
     discarded or evicted). One whose lesson lives is kept past the cap, as the release keeps it in its entry:
     the lesson's next use credits it. The bank is read only when the cap is passed."""
-    excess = len(run.generations) - run.cfg.max_generations
+    excess = len(run.generations) - MAX_GENERATIONS
     if excess <= 0:
         return
     bank = run.manager.bank
@@ -1036,12 +972,12 @@ def prune_generations(run):
 
 def merge_pass(run, step: int, rng) -> list[Operation]:
     """Consolidate each task's whole bank [release] (PAPER §Experience bank: merge): its entries, oldest first,
-    merge_size at a time, each extractor call shown the next chunk and the list the previous call of the chain
+    MERGE_SIZE at a time [release], each extractor call shown the next chunk and the list the previous call of the chain
     wrote, its reply the new list for them (MergeChain). A task's chain is sequential; the chains of different
     tasks advance side by side, one batched call a round. Rank r walks the tasks r, r + W, ...; the caller
     applies every rank's operations."""
     bank = run.manager.bank
-    chains = [MergeChain(task, bank.entries(task), run.cfg.merge_size)
+    chains = [MergeChain(task, bank.entries(task), MERGE_SIZE)
               for task in sorted(bank.tasks())[rank()::world()] if bank.size(task) >= 2]
     while live := [c for c in chains if c.next_chunk()]:
         prompts = [encode_chat(run.extractor_tok, [
@@ -1150,12 +1086,12 @@ def train_step(run, step: int) -> dict:
     if cfg.uses_bank:
         record_outcomes(run, eps)                                      # 3. bank usage, credit to generations
         distilling = distill_episodes(run, eps, step, extractor_rng)   # 4. lessons, while the actor trains
-    if cfg.trains_actor and trains and step >= cfg.head_start:
+    if cfg.trains_actor and trains and not (cfg.mode == "crl" and step < cfg.head_start):   # vault study: head start
         metrics.update(actor_update(run, eps))             # 5. split advantages, GRPO
     if distilling is not None:
         ops = distilling.result()
-        if "vault" in run.tasks:                           # the vault study's measure: lessons naming the door
-            metrics.update(vault_lessons(eps, ops))
+        if any(map(vault_study.is_vault, run.tasks)):      # vault study: lessons naming the door
+            metrics.update(vault_study.vault_lessons(eps, ops))
         apply_everywhere(run, ops)                         # every rank's lessons, in rank order
     if cfg.trains_extractor and trains:                     # 6. CISPO on the generations judged so far
         metrics.update({f"extractor/{k}": v for k, v in extractor_update(run).items()})
@@ -1175,23 +1111,14 @@ def episode_specs(run, step: int) -> list[tuple]:
     specs = []
     for g in range(groups):
         task = run.tasks[(step * groups + g) % len(run.tasks)]
-        seed = envs.draw_training_seed(task, rng, run.cfg.train_instances or EVAL_SEED0)
-        if run.cfg.instance_visits:
-            task, seed = visiting_instance(run, step, g)
+        seed = envs.draw_training_seed(task, rng, EVAL_SEED0)
+        if run.cfg.instance_visits:   # vault study: an instance recurs for K iterations, then retires
+            task, seed = vault_study.visiting_instance(run, step, g, EVAL_SEED0)
         if g % world() != rank():
             continue
         for j in range(G):
             specs.append((task, seed, g, run.cfg.uses_bank and j >= G // 2))
     return specs
-
-
-def visiting_instance(run, step: int, g: int) -> tuple[str, int]:
-    """--instance-visits K: group g plays one fresh instance for K iterations, then the next; the groups take
-    turns to start theirs, so every iteration some instances are new and some are being revisited."""
-    K = run.cfg.instance_visits
-    life = (step + g * K // run.cfg.groups) // K
-    task = run.tasks[g % len(run.tasks)]
-    return task, envs.draw_training_seed(task, np.random.default_rng([run.seed, g, life, INSTANCES]), EVAL_SEED0)
 
 
 def record_outcomes(run, eps: list[Episode]):
@@ -1259,11 +1186,13 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
 
 
 def held_out_specs(run, tasks: list[str], episodes: int) -> list[tuple]:
-    """This rank's share of `episodes` held-out seeds per task (envs.held_out_seeds: the vault's are held-out
-    names, doors balanced), each played without and (with a bank) with experience."""
+    """This rank's share of `episodes` held-out seeds per task and panel (envs.held_out_panels: the vault's are
+    held-out names, doors balanced; the family vault's also a control of families training never draws), each
+    played without and (with a bank) with experience."""
     specs = []
     for task in tasks:
-        for j, seed in enumerate(envs.held_out_seeds(task, episodes, EVAL_SEED0)):
+        seeds = [s for panel in envs.held_out_panels(task, episodes, EVAL_SEED0).values() for s in panel]
+        for j, seed in enumerate(seeds):
             specs.append((task, seed, j, False))
             if run.cfg.uses_bank:
                 specs.append((task, seed, j, True))

@@ -12,17 +12,19 @@ words, e.g. `stairs down (>): 1 southeast, 1 east`).
 - ALFWorld (`alfworld`): the real `alfworld` + `textworld` games read from `$ALFWORLD_DATA` (else unpacked
   from the repository's data/alfworld-games.tar.xz by `alfworld_data_dir`).
 - WebShop (`webshop`): the original site's pages, search and reward, rebuilt offline in webshop.py.
-- Vault (`vault`): a named vault with eight doors, one of which opens; which one is a secret of the name,
-  so only memory (the experience bank) carries it from one episode to the next.
+- Vault (`vault`, `vault-reveal`): a named vault with eight doors, one of which opens; which one is a secret of
+  the name, so only memory (the experience bank) carries it from one episode to the next.
+- Family vault (`vault-family`, ...): the vault, its door fixed by the family its name names, so weights can learn
+  it too and a lesson carries to every vault of the family.
 
-Every env has `.instruction`, `.actions`, `.max_steps`, `reset(seed=None) -> str` and
-`step(reply) -> (obs, reward, done, info)` with `info["success"]`, `info["invalid"]`, `info["steps"]`.
-A reply that does not parse to a valid action does not advance the game but still uses up a step.
-crl.py calls `make()`; `python envs.py play TASK` shows a person exactly what the actor sees.
+What a task provides, and how it is registered: `Task` (one decorator, `@task("name")`, on its class; `TASKS`
+and `make()` read the registry). crl.py calls `make()` (through `EnvPool`); `python envs.py play TASK` shows a
+person exactly what the actor sees.
 """
 import contextlib
 import functools
 import hashlib
+import importlib
 import json
 import multiprocessing
 import os
@@ -44,17 +46,134 @@ import numpy as np
 import webshop
 from webshop import webshop_reward, webshop_search  # noqa: F401  (the pure functions WebShop is built on)
 
-TASKS = ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop", "vault")
 MAX_STEPS = 30  # the paper's per-episode action limit for MiniHack, Sokoban and ALFWorld (WebShop: 10)
-TASK_STEPS = {"webshop": 10}   # the tasks whose own budget is not MAX_STEPS [release]
+DATA = Path(__file__).resolve().parent / "data"
+
+# ---------------------------------------------------------------------------------------- the task protocol
+
+TASKS: dict[str, type] = {}   # name -> task class, filled by @task: the one place a task is registered
+
+
+class Task:
+    """What a task provides; the method relies on nothing else (tests/test_envs.py::test_task_protocol checks
+    every registered task against it). Register a class with `@task("name")` above it (envs.py, or a module of
+    your own loaded by `load_task("module:name")`); `make(name)` builds it.
+
+    An instance, `make(name, seed=None, **kwargs)` (`seed` seeds the episode seeds reset() draws when given none):
+    - `instruction`: its goal and its actions, in words; the same for every episode (retrieval keys start with it).
+    - `actions`: the valid replies now (a constrained actor's reply is masked to them); may change every step.
+    - `max_steps`: the episode ends at this step at the latest.
+    - `reset(seed=None) -> str`: the first observation. reset(seed) replays exactly the same episode: the same
+      replies give the same observations and rewards, in any process (hash with `_stable_hash`, not hash()).
+    - `step(reply) -> (obs: str, reward: float, done: bool, info: dict)`. Start it with `begin_step`: the env
+      keeps `done` and `steps` (a step after done raises ValueError, nothing else raises); a reply that does not
+      parse to an action (`parse_action`) uses a step and leaves the game as it was (`info["invalid"]`, the
+      observation `invalid_text`). `info["success"]`: the episode won. Only the last step's reward is the
+      episode's (crl.record_step), within `reward_range`. The method reads `info["success"]` and
+      `info["invalid"]`; `play` reads `info["steps"]`; any other key is the task's own (probes).
+    Of the class, with an ordinary task's defaults:
+    - `budget`: steps a run gives an episode unless told otherwise (task_steps; --max-steps overrides).
+    - `failure_reward`: what an episode cut short (out of the actor's context) earns.
+    - `held_out_split`: the data split evaluation plays (make(split=...); training plays "train"); None: none.
+    - `options`: the pool's settings its constructor takes, from ("show_map", "list_actions").
+    - `held_out_seeds(n, first)`: the instances evaluation plays; `panels(n, first)`: every held-out panel,
+      {"": held_out_seeds} unless a task has more (the family vault's control); `panel_of(seed)`: its panel's name.
+    - `training_seed(rng, below)`: a training instance, never a held-out one.
+    - `answer(seed)`: the word a right lesson about instance `seed` names (the vault's door), None where no
+      answer is known: metrics check lessons against it.
+    """
+
+    task = None   # the registered name (set by @task)
+    budget = MAX_STEPS
+    failure_reward = 0.0
+    reward_range = (0.0, 1.0)
+    held_out_split = None
+    options = ()
+
+    @classmethod
+    def held_out_seeds(cls, n: int, first: int) -> tuple[int, ...]:
+        return tuple(range(first, first + n))
+
+    @classmethod
+    def panels(cls, n: int, first: int) -> dict[str, tuple[int, ...]]:
+        return {"": cls.held_out_seeds(n, first)}
+
+    @classmethod
+    def panel_of(cls, seed: int) -> str:
+        return ""
+
+    @classmethod
+    def training_seed(cls, rng: np.random.Generator, below: int) -> int:
+        return int(rng.integers(below))
+
+    @classmethod
+    def answer(cls, seed: int) -> str | None:
+        return None
+
+
+def task(*names: str, **attrs):
+    """Register the class below as each of `names`: as a subclass with `task` = the name and `attrs` as class
+    attributes, so one class makes several tasks (MiniHack's four, the vault's variants)."""
+    def register(cls):
+        below = {k: TASKS.pop(k) for k in [k for k, v in TASKS.items() if v.__base__ is cls]}   # stacked
+        for name in names:                                     # decorators run bottom-up: keep reading order
+            old = TASKS.get(name)
+            if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise ValueError(f"task {name!r} is registered twice: by {old.__module__} and {cls.__module__}")
+            TASKS[name] = type(cls.__name__, (cls,), {**attrs, "task": name, "__module__": cls.__module__,
+                                                      "__qualname__": cls.__qualname__})
+        TASKS.update(below)
+        return cls
+    return register
+
+
+def task_class(name: str) -> type:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)} (a task is registered by "
+                         "@envs.task on its class in envs.py; one in a module of your own: MODULE:NAME, e.g. "
+                         "examples.parity:parity)")
+    return TASKS[name]
+
+
+def load_task(spec: str) -> str:
+    """The task a --tasks entry names: a registered name, or MODULE:NAME for one registered by a module of your own
+    (imported here: `examples.parity:parity`). Game worker processes import the class's module themselves."""
+    module, _, name = spec.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    task_class(name)
+    return name
 
 
 def task_steps(task: str) -> int:
     """A task's own actions per episode."""
-    return TASK_STEPS.get(task, MAX_STEPS)
+    return task_class(task).budget
 
-DATA = Path(__file__).resolve().parent / "data"
-HELD_OUT = {"alfworld": "valid_unseen", "webshop": "test"}  # the split evaluation plays (training: "train")
+
+def held_out_seeds(task: str, n: int, first: int) -> list[int]:
+    """The instance seeds of n held-out episodes of `task` (Task.held_out_seeds)."""
+    return list(task_class(task).held_out_seeds(n, first))
+
+
+def held_out_panels(task: str, n: int, first: int) -> dict[str, list[int]]:
+    """Every held-out panel of `task`, n seeds each: {"": held_out_seeds, and any other panel by its name}."""
+    return {k: list(v) for k, v in task_class(task).panels(n, first).items()}
+
+
+def panel_of(task: str, seed: int) -> str:
+    """The held-out panel instance `seed` of `task` belongs to ("": the main one; the family vault's "control")."""
+    return task_class(task).panel_of(seed)
+
+
+def draw_training_seed(task: str, rng: np.random.Generator, below: int) -> int:
+    """A training instance seed below `below`, never a held-out one (Task.training_seed)."""
+    return task_class(task).training_seed(rng, below)
+
+
+def answer(task: str, seed: int) -> str | None:
+    """What a right lesson about instance `seed` of `task` names, where known (Task.answer)."""
+    return task_class(task).answer(seed)
+
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 
@@ -255,16 +374,19 @@ def seed_minihack(env, seed: int):
     env.seed(s, s, reseed=False)
 
 
-class MiniHackEnv:
-    """One MiniHack task as text. The gym env is built once and reused across resets (building it compiles
-    the level description, which is the slow part)."""
+@task(*MINIHACK)
+class MiniHackEnv(Task):
+    """One MiniHack task (`task`, a key of MINIHACK) as text. The gym env is built once and reused across resets
+    (building it compiles the level description, which is the slow part)."""
 
-    def __init__(self, task: str, seed=None, max_steps: int = MAX_STEPS, show_map: bool = True):
+    options = ("show_map",)
+
+    def __init__(self, seed=None, max_steps: int = MAX_STEPS, show_map: bool = True):
         from nle import nethack
-        self.task, self.spec, self.max_steps, self.show_map = task, MINIHACK[task], max_steps, show_map
+        self.spec, self.max_steps, self.show_map = MINIHACK[self.task], max_steps, show_map
         self.instruction = self.spec.instruction
         self.actions = _MOVES + (("pickup", "apply") if self.spec.keys else ())
-        self.env = make_minihack_raw(task, max_steps)
+        self.env = make_minihack_raw(self.task, max_steps)
         cmd = {"pickup": nethack.Command.PICKUP, "apply": nethack.Command.APPLY}
         cmd.update({m: d for m, d in zip(_MOVES, (nethack.CompassDirection.N, nethack.CompassDirection.E,
                                                   nethack.CompassDirection.S, nethack.CompassDirection.W,
@@ -335,7 +457,8 @@ _SOKO_NAMES = {"#": "wall", ".": "floor", "o": "target", "B": "box", "X": "box o
                "+": "you on target"}
 
 
-class Sokoban:
+@task("sokoban")
+class Sokoban(Task):
     """Sokoban on a 6x6 board (outer wall included), 2 boxes, 2 targets. Boxes can be pushed, never pulled;
     a move into a wall or a blocked box leaves the board unchanged but uses up a step.
 
@@ -558,7 +681,8 @@ def alfworld_games(split: str = "valid_unseen") -> list[Path]:
     return files
 
 
-class ALFWorld:
+@task("alfworld")
+class ALFWorld(Task):
     """ALFWorld household tasks through the real textworld engine. Seed s plays game s mod N of the split
     (a fixed permutation): seeds 0..133 of valid_unseen are its 134 games. The observation is the game's
     feedback followed by the admissible commands, which are the valid actions (without `list_actions`, the
@@ -566,6 +690,9 @@ class ALFWorld:
     Reward 1 on success, -1 when the step limit ends the episode first (the paper's choice)."""
 
     failure_reward = -1.0   # what an episode cut short (e.g. out of the actor's context) earns
+    reward_range = (-1.0, 1.0)
+    held_out_split = "valid_unseen"
+    options = ("list_actions",)
 
     def __init__(self, seed=None, split: str = "train", max_steps: int = MAX_STEPS, list_actions: bool = True):
         try:
@@ -639,7 +766,8 @@ def shop_queries(instruction: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(f"search[{q}]" for q in (text, product, head) if q))
 
 
-class WebShop:
+@task("webshop")
+class WebShop(Task):
     """WebShop's small setting (webshop.py: the original's pages, search and reward). The observation is the
     page in the original's `text` mode and the available actions (as ROLL, whose setup the authors use,
     shows them); any `search[...]` and the page's `click[...]` act, anything else changes nothing. Reward
@@ -651,6 +779,9 @@ class WebShop:
                    "search[QUERY] on the search page, or click[BUTTON] with one of the available buttons (a "
                    "product ID, an option, description, features, reviews, < prev, next >, back to search, "
                    "buy now). Buy the product that matches the instruction, with the requested options.")
+    budget = webshop.MAX_STEPS   # [release: 10]
+    held_out_split = "test"
+    options = ("list_actions",)
 
     def __init__(self, seed=None, split: str = "train", max_steps: int = MAX_STEPS,
                  build_seed: int = webshop.BUILD_SEED, list_actions: bool = True):
@@ -743,37 +874,28 @@ def vault_held_out(name: str) -> bool:
     return _stable_hash(f"vault split {name}") % 8 == 0
 
 
-@functools.lru_cache(maxsize=8)
-def vault_held_out_seeds(n: int, first: int) -> tuple[int, ...]:
-    """The first n seeds from `first` up whose vaults are held out, with distinct names and balanced doors (each
-    door opens n // 8 of them, the first n % 8 doors one more): an actor that plays a fixed order of doors then
-    scores the same whichever doors it plays, so the evaluation is no lottery over its door order."""
-    quota = {door: n // 8 + (i < n % 8) for i, door in enumerate(_MOVES)}
+@functools.lru_cache(maxsize=32)
+def balanced_seeds(n: int, first: int, name_of, kind_of, kinds: tuple, split: bool) -> tuple[int, ...]:
+    """The first n seeds from `first` up whose vaults are of `kinds` (and, with `split`, held-out names), with
+    distinct names and balanced kinds (each kind n // len(kinds) of them, the first n % len(kinds) one more)."""
+    quota = {kind: n // len(kinds) + (i < n % len(kinds)) for i, kind in enumerate(kinds)}
     seeds, names, seed = [], set(), first
     while len(seeds) < n:
-        name = vault_name(seed)
-        door = vault_secret(name)
-        if vault_held_out(name) and name not in names and quota[door]:
-            quota[door] -= 1
+        name = name_of(seed)
+        kind = kind_of(name)
+        if quota.get(kind) and name not in names and (not split or vault_held_out(name)):
+            quota[kind] -= 1
             names.add(name)
             seeds.append(seed)
         seed += 1
     return tuple(seeds)
 
 
-def held_out_seeds(task: str, n: int, first: int) -> list[int]:
-    """The instance seeds of n held-out episodes of `task`: `first`, `first` + 1, ... (the vault: its held-out
-    names, doors balanced)."""
-    return list(vault_held_out_seeds(n, first)) if task == "vault" else list(range(first, first + n))
-
-
-def draw_training_seed(task: str, rng: np.random.Generator, below: int) -> int:
-    """A training instance seed, rng.integers(below), drawn again while it is a held-out vault's."""
-    for _ in range(1000):
-        seed = int(rng.integers(below))
-        if task != "vault" or not vault_held_out(vault_name(seed)):
-            return seed
-    raise ValueError(f"every vault among training seeds below {below} is held out: use a larger --train-instances")
+def vault_held_out_seeds(n: int, first: int) -> tuple[int, ...]:
+    """The first n seeds from `first` up whose vaults are held out, with distinct names and balanced doors (each
+    door opens n // 8 of them, the first n % 8 doors one more): an actor that plays a fixed order of doors then
+    scores the same whichever doors it plays, so the evaluation is no lottery over its door order."""
+    return balanced_seeds(n, first, vault_name, vault_secret, _MOVES, True)
 
 
 SHOWN_DOOR_RE = re.compile(r"The (\w+) door (?:of the [\w ]+ vault opens|would have opened)")
@@ -789,7 +911,9 @@ def vault_shown_door(transcript: list[tuple[str, str]]) -> str | None:
     return None
 
 
-class Vault:
+@task("vault")
+@task("vault-reveal", reveal=True)
+class Vault(Task):
     """A vault with eight doors, one of which opens. The vault's name, shown in the first observation, is
     all that tells vaults apart; its open door is `vault_secret(name)` and is shown by nothing until it
     opens. So the task is pure memory: the best an actor without memory can do is try three distinct doors,
@@ -800,15 +924,43 @@ class Vault:
     the step limit came first. An invalid reply uses a step but not a try. A locked door's observation lists
     every door tried so far, so an actor that reads only the last observation can still avoid repeats.
 
-    With `reveal` (--vault-reveal), a lost episode's last observation names the door that would have opened, so
-    a loss's transcript holds the answer as a win's does: every episode can teach, not only a won one."""
+    `vault-reveal` (reveal=True): a lost episode's last observation names the door that would have opened, so
+    a loss's transcript holds the answer as a win's does: every episode can teach, not only a won one.
+    Held out: the held-out eighth of names (vault_held_out), doors balanced; training draws none of them."""
 
     actions = _MOVES
+    reveal = False
+    name_of = staticmethod(vault_name)       # the vault a seed plays
+    door_of = staticmethod(vault_secret)     # the door that opens a named vault
 
-    def __init__(self, seed=None, max_steps: int = MAX_STEPS, tries: int = 3, reveal: bool = False):
+    @classmethod
+    def held_out(cls, name: str) -> bool:
+        """Whether training never draws the vault `name`."""
+        return vault_held_out(name)
+
+    @classmethod
+    def held_out_seeds(cls, n: int, first: int) -> tuple[int, ...]:
+        return vault_held_out_seeds(n, first)
+
+    @classmethod
+    def training_seed(cls, rng: np.random.Generator, below: int) -> int:
+        """rng.integers(below), drawn again while it is a held-out vault's."""
+        for _ in range(1000):
+            seed = int(rng.integers(below))
+            if not cls.held_out(cls.name_of(seed)):
+                return seed
+        raise ValueError(f"every vault among training seeds below {below} is held out: use a larger "
+                         "--train-instances")
+
+    @classmethod
+    def answer(cls, seed: int) -> str:
+        return cls.door_of(cls.name_of(seed))
+
+    def __init__(self, seed=None, max_steps: int = MAX_STEPS, tries: int = 3, reveal: bool | None = None):
         if tries < 1:
             raise ValueError(f"vault needs tries >= 1, got {tries}")
-        self.max_steps, self.tries, self.reveal = max_steps, tries, reveal
+        self.max_steps, self.tries = max_steps, tries
+        self.reveal = self.reveal if reveal is None else reveal
         self.instruction = (f"You are in a vault with eight doors. One door opens; the others are locked. You "
                             f"have {tries} tries. The same vault (same name) always opens by the same door. "
                             f"Actions: {', '.join(_MOVES)}.")
@@ -817,8 +969,8 @@ class Vault:
 
     def reset(self, seed=None) -> str:
         self.episode_seed = _seed_from(self._rng, seed)
-        self.name = vault_name(self.episode_seed)
-        self.secret = vault_secret(self.name)
+        self.name = self.name_of(self.episode_seed)
+        self.secret = self.door_of(self.name)
         self.steps, self.done, self.tried = 0, False, []
         return (f"You are in the {self.name} vault. Eight doors lead out; one of them opens. "
                 f"Tries left: {self.tries}.")
@@ -842,50 +994,115 @@ class Vault:
         return obs, float(info["success"]), self.done, info
 
 
+# The family vault's families. Seen, with their doors: in the order the variants take them (vault-familyF trains on
+# the first F), so the seen doors are balanced for F = 2, 4, 8, 16 (distinct up to 8, each twice at 16). Control:
+# never drawn in training, each vault's door its name's own secret (vault_secret), so nothing, in weights or in a
+# lesson of the seen family a control name resembles, tells it (fixed doors made a served lesson right 0.4% to 12%
+# of the time, by which seen family was nearest). Words chosen greedily for the least cosine between families'
+# retrieval queries under all-MiniLM-L6-v2 (probes/retrieval.py), none holding a door word.
+VAULT_FAMILIES = {
+    "volleyball": "north", "telescope": "south", "samurai": "east", "penguin": "west",
+    "saxophone": "northeast", "tornado": "southwest", "popcorn": "southeast", "vampire": "northwest",
+    "jellyfish": "north", "dinosaur": "south", "cobra": "east", "tractor": "west",
+    "igloo": "northeast", "cactus": "southwest", "lemon": "southeast", "robot": "northwest",
+}
+VAULT_CONTROL = ("zombie", "submarine", "meteor", "spider", "hamburger", "carnival", "pirate", "waterfall")
+_ALL_FAMILIES = (*VAULT_FAMILIES, *VAULT_CONTROL)
+
+
+def family_vault_name(seed: int) -> str:
+    """The family vault a seed plays: its family's word, then a serial number (seed 3: 'carnival 3050'): the number
+    embeds weakly, so the family dominates the retrieval query. 24 families x 9000 numbers, a function of the seed
+    alone (the same in every variant)."""
+    h, k = divmod(_stable_hash(f"vault family {int(seed)}"), len(_ALL_FAMILIES))
+    return f"{_ALL_FAMILIES[k]} {1000 + h % 9000}"
+
+
+def vault_family(name: str) -> str:
+    return name.split(" ")[0]
+
+
+def family_door(name: str) -> str:
+    """The door of a family vault: a seen family's, a control vault's own (vault_secret)."""
+    return VAULT_FAMILIES.get(vault_family(name)) or vault_secret(name)
+
+
+def control_door(name: str) -> str | None:
+    """A control vault's door; None for a seen family's (balanced_seeds then skips it)."""
+    return vault_secret(name) if vault_family(name) in VAULT_CONTROL else None
+
+
+@task("vault-family", families=8)
+@task("vault-family2", families=2)
+@task("vault-family4", families=4)
+@task("vault-family16", families=16)
+class VaultFamily(Vault):
+    """The vault, each named by one of 24 families and a serial number; a seen family fixes the door (a control
+    vault's is its own name's, see VAULT_CONTROL). Training draws
+    vaults of the first `families` (F) of VAULT_FAMILIES only, never a held-out name, so a memoryless learner can
+    learn family -> door in its weights and a lesson written in one vault helps every vault of its family.
+    Held out, two panels of distinct names, doors balanced (by family) in each: transfer (held_out_seeds), the
+    held-out names of the F seen families; control (control_seeds), vaults of VAULT_CONTROL's eight families, doors
+    balanced, which nothing carries to: the memoryless best there is 3/8. The text is the vault's, the instruction
+    too: the family's rule is for the learner to find (told, it would be false on the control)."""
+
+    families = 8
+    name_of = staticmethod(family_vault_name)
+    door_of = staticmethod(family_door)
+
+    @classmethod
+    def seen(cls) -> tuple[str, ...]:
+        return tuple(VAULT_FAMILIES)[:cls.families]
+
+    @classmethod
+    def held_out(cls, name: str) -> bool:
+        return vault_family(name) not in cls.seen() or vault_held_out(name)
+
+    @classmethod
+    def held_out_seeds(cls, n: int, first: int) -> tuple[int, ...]:
+        return balanced_seeds(n, first, cls.name_of, vault_family, cls.seen(), True)
+
+    @classmethod
+    def control_seeds(cls, n: int, first: int) -> tuple[int, ...]:
+        return balanced_seeds(n, first, cls.name_of, control_door, _MOVES, False)
+
+    @classmethod
+    def panels(cls, n: int, first: int) -> dict[str, tuple[int, ...]]:
+        return {"": cls.held_out_seeds(n, first), "control": cls.control_seeds(n, first)}
+
+    @classmethod
+    def panel_of(cls, seed: int) -> str:
+        return "control" if vault_family(cls.name_of(seed)) in VAULT_CONTROL else ""
+
+
 # -------------------------------------------------------------------------------------------------- make
 
 def make(task: str, seed=None, **kwargs):
-    """The env for a task name (see TASKS). `seed` seeds the env's own generator of episode seeds, used when
+    """The env of a registered task (TASKS). `seed` seeds the env's own generator of episode seeds, used when
     reset() is called without one; reset(seed) always replays that exact episode."""
-    if task in MINIHACK:
-        return MiniHackEnv(task, seed=seed, **kwargs)
-    if task == "sokoban":
-        return Sokoban(seed=seed, **kwargs)
-    if task == "alfworld":
-        return ALFWorld(seed=seed, **kwargs)
-    if task == "webshop":
-        return WebShop(seed=seed, **kwargs)
-    if task == "vault":
-        return Vault(seed=seed, **kwargs)
-    raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    return task_class(task)(seed=seed, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------- the pool
 
 class EnvPool:
     """Environments are reused across iterations (MiniHack construction is the slow part). Evaluation draws
-    ALFWorld games and WebShop goals from their held-out splits (HELD_OUT), training from train."""
+    ALFWorld games and WebShop goals from their held-out splits (Task.held_out_split), training from train.
+    Each task gets the settings among show_map and list_actions it takes (Task.options)."""
 
-    def __init__(self, show_map: bool = True, steps=task_steps, workers: int = 0, list_actions: bool = True,
-                 vault_reveal: bool = False):
+    def __init__(self, show_map: bool = True, steps=task_steps, workers: int = 0, list_actions: bool = True):
         self.free: dict[tuple, list] = {}
         self.show_map, self.steps, self.list_actions = show_map, steps, list_actions   # steps(task): its actions
-        self.vault_reveal = vault_reveal
         self.workers = GameWorkers(workers) if workers else None
 
     def take(self, task, train=True):
         key = (task, train)
         if self.free.get(key):
             return self.free[key].pop()
-        kw = dict(max_steps=self.steps(task))
-        if task in HELD_OUT:
-            kw["split"] = "train" if train else HELD_OUT[task]
-        if task in MINIHACK:
-            kw["show_map"] = self.show_map
-        if task in ("alfworld", "webshop"):
-            kw["list_actions"] = self.list_actions
-        if task == "vault":
-            kw["reveal"] = self.vault_reveal
+        cls = task_class(task)
+        kw = {"max_steps": self.steps(task), **{option: getattr(self, option) for option in cls.options}}
+        if cls.held_out_split:
+            kw["split"] = "train" if train else cls.held_out_split
         return self.workers.make(task, **kw) if self.workers else make(task, **kw)
 
     def give(self, task, train, env):
@@ -925,7 +1142,7 @@ class GameWorkers:
     def make(self, task: str, **kwargs) -> "RemoteGame":
         game = RemoteGame(self, self.made)
         self.made += 1
-        self.call("make", [game], [(task, kwargs)])
+        self.call("make", [game], [(task_class(task).__module__, task, kwargs)])
         return game
 
     def call(self, op: str, games: list, args: list) -> list:
@@ -993,7 +1210,10 @@ def serve_games(conn):
 
 def play_job(games: dict, op: str, gid: int, arg):
     if op == "make":
-        games[gid] = make(arg[0], **arg[1])
+        module, task, kwargs = arg
+        if module != "__main__":    # a task of the trainer's own script registers itself there under spawn
+            importlib.import_module(module)
+        games[gid] = make(task, **kwargs)
         result = None
     else:
         result = getattr(games[gid], op)(arg)      # reset(seed) or step(reply)
@@ -1033,7 +1253,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("play", help="play a task in the terminal as the actor sees it")
-    p.add_argument("task", choices=TASKS)
+    p.add_argument("task", help=f"one of {', '.join(TASKS)}, or MODULE:NAME (a task of your own)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--split", default=None, help="alfworld split (default train); webshop: train or test")
     p.add_argument("--no-map", action="store_true", help="MiniHack without the character map (the tiny actor's view)")
@@ -1042,12 +1262,13 @@ def main(argv=None):
                    help="split(s) to unpack (repeatable; default all)")
     args = ap.parse_args(argv)
     if args.cmd == "play":
-        extra = {"split": args.split} if args.task in ("alfworld", "webshop") and args.split else {}
+        cls = task_class(load_task(args.task))
+        extra = {"split": args.split} if cls.held_out_split and args.split else {}
         if args.no_map:
-            if args.task not in MINIHACK:
+            if "show_map" not in cls.options:
                 sys.exit(f"error: --no-map applies to the MiniHack tasks ({', '.join(MINIHACK)}), not {args.task}")
             extra["show_map"] = False
-        play(args.task, args.seed, **extra)
+        play(cls.task, args.seed, **extra)
     else:
         for split in args.split or _ALFWORLD_SPLITS:
             root = alfworld_data_dir(split)
@@ -1055,7 +1276,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    import envs   # the registry a task of your own registers in is envs's, not this __main__ copy's
     try:
-        main()
+        envs.main()
     except (ValueError, FileNotFoundError, ImportError) as e:
         sys.exit(f"error: {e}")

@@ -1,10 +1,15 @@
 """The metrics of an iteration and of an evaluation, over every rank: success, retrieval (how often the re-rank
 decides, how often a lesson comes from the same instance, how old it is), counts and timings. crl.py calls them;
 they read its Episode and Run records and change nothing."""
-import collections
 
 import envs
 from parallel import all_reduce_sum, gather_objects
+
+
+def panel_key(task: str, seed: int) -> str:
+    """A held-out instance's task in metric names, with its panel where the task has several (`vault-family/control`)."""
+    panel = envs.panel_of(task, seed)
+    return f"{task}/{panel}" if panel else task
 
 
 def success_metrics(eps, prefix: str) -> dict:
@@ -12,7 +17,7 @@ def success_metrics(eps, prefix: str) -> dict:
     over ranks."""
     counts = {}
     for e in eps:
-        key = f"{prefix}/{e.task}/{{}}_{'exp' if e.with_exp else 'noexp'}"
+        key = f"{prefix}/{panel_key(e.task, e.seed)}/{{}}_{'exp' if e.with_exp else 'noexp'}"
         n, s, r = counts.get(key, (0, 0, 0.0))
         counts[key] = (n + 1, s + int(e.success), r + e.reward)
     total = {}
@@ -30,7 +35,8 @@ def paired_contrast(eps, prefix: str) -> dict:
     reproduce.py turns them into an interval). It needs no other run, so the lottery of which instances a run
     plays well cancels out."""
     pairs = {}   # the two plays of an instance may be on different ranks (held_out_specs deals specs in turn)
-    for rank_plays in gather_objects([(e.task, e.seed, e.with_exp, float(e.success)) for e in eps]):
+    plays = [(panel_key(e.task, e.seed), e.seed, e.with_exp, float(e.success)) for e in eps]
+    for rank_plays in gather_objects(plays):
         for task, seed, with_exp, success in rank_plays:
             pairs.setdefault((task, seed), {})[with_exp] = success
     diffs = {}
@@ -84,46 +90,6 @@ def lesson_age(eps, now: int) -> dict:
     ages = [now - e.written[0] for e in eps if e.written]
     n, total = all_reduce_sum(len(ages)), all_reduce_sum(sum(ages))
     return {"retrieval/age": total / n} if n else {}
-
-
-def first_word(text: str | None) -> str | None:
-    """A lesson's or a reply's first word, lower-cased (None for no text): on the vault, the door it names."""
-    return text.strip().lower().split(" ")[0] if text and text.strip() else None
-
-
-def vault_lessons(eps, ops) -> dict:
-    """On the vault, where a lesson can be checked: the share of the lessons distilled this iteration that name
-    the door of the vault they came from, and of the lessons read that name the reader's door (over every rank;
-    a lesson's first word counts, chance 1/8; a set of several doors, `north, east`, never counts: its first word
-    keeps the comma), and the success of the episodes that read a right lesson and of those that read a wrong one.
-    Counted here, as the episodes end: the last bank keeps no record of a lesson an update replaced."""
-    def right(text, seed):
-        return first_word(text) == envs.vault_door(seed)
-    pairs = [(first_word(op.text), envs.vault_door(op.origin)) for op in ops
-             if op.task == "vault" and op.kind in ("add", "update")]   # (door named, door that opens)
-    written = [named == door for named, door in pairs]
-    readers = [e for e in eps if e.task == "vault" and e.lessons]
-    read = [right(e.lessons[0], e.seed) for e in readers]
-    out = {}
-    for name, marks in (("lessons/right_written", written), ("lessons/right_read", read),
-                        ("lessons/won_after_right", [e.success for e, r in zip(readers, read) if r]),
-                        ("lessons/won_after_wrong", [e.success for e, r in zip(readers, read) if not r])):
-        n = all_reduce_sum(len(marks))
-        if n:
-            out[name] = all_reduce_sum(sum(marks)) / n
-    return {**out, **right_by_chance(pairs)}
-
-
-def right_by_chance(pairs) -> dict:
-    """The share of lessons right if each named a door drawn from this iteration's written doors whatever its
-    vault (sum over doors of written share times vault share, over every rank): what lessons/right_written
-    reads when the extractor ignores its transcript, high when the iteration's vaults happen to open the door
-    it always writes. Right above it is what the extractor read from its transcripts."""
-    pairs = [p for rank_pairs in gather_objects(pairs) for p in rank_pairs]
-    if not pairs:
-        return {}
-    written, doors = collections.Counter(w for w, _ in pairs), collections.Counter(d for _, d in pairs)
-    return {"lessons/right_by_chance": sum(written[d] * doors[d] for d in written) / len(pairs) ** 2}
 
 
 def episode_metrics(run, eps) -> dict:

@@ -609,14 +609,13 @@ def _session_rows(model, session: Session | None, rows, prompts, max_new_tokens)
 
 
 def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, sampling: Sampling = Sampling(),
-                   allowed: list | None = None, chunk_size=1024, entropy: bool = False):
+                   allowed: list | None = None, chunk_size=1024):
     """fp32 [B, T]: out[b, t] = log p(tokens[b, t] | tokens[b, :t]) where mask[b, t] and t >= 1, else 0;
     differentiable. `tokens` are right-padded. The distribution is the sampler's (`sampling`), with
     `allowed[b][t]` (allowed ids for the token at index t of row b, i.e. a sampled token's Sample.allowed entry
     at its position in the sequence), so on-policy this reproduces Sample.logprobs. Only the masked positions go
     through lm_head, `chunk_size` rows at a time under activation checkpointing, so neither forward nor backward
-    holds full-vocabulary logits for the batch. With `entropy`, (log-probs, the entropies of the distributions
-    they were drawn from), both [B, T]."""
+    holds full-vocabulary logits for the batch."""
     if tokens.dim() != 2 or mask.shape != tokens.shape:
         raise ValueError(f"tokens and mask must both be [B, T]; got {tuple(tokens.shape)} and {tuple(mask.shape)}")
     if allowed is not None and len(allowed) != tokens.shape[0]:
@@ -627,12 +626,9 @@ def token_logprobs(model, tokens: torch.LongTensor, mask: torch.BoolTensor, samp
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     if len(bi) == 0:
         out = out + 0 * model.embed_tokens.weight.sum()  # keeps the graph connected for an empty batch
-        return (out, out) if entropy else out
+        return out
     h = model(tokens, hidden_only=True)[bi, ti - 1]   # [N, hidden]: the state that predicts each target
     where = allowed_by_target(allowed, bi.tolist(), ti.tolist())
-    lp = target_logprobs(model, h, tokens[bi, ti], where, sampling, chunk_size, entropy)
-    if entropy:
-        return out.index_put((bi, ti), lp[0]), out.index_put((bi, ti), lp[1])
-    return out.index_put((bi, ti), lp)
+    return out.index_put((bi, ti), target_logprobs(model, h, tokens[bi, ti], where, sampling, chunk_size))
 
 

@@ -4,6 +4,7 @@ process on the same OUT loses nothing, and read back so that a damaged file is o
     OUT/lock            the pid of the process training in OUT: one at a time
     OUT/args.json       the run's flags, written once its models have loaded
     OUT/metrics.jsonl   a line an iteration; OUT/bank.jsonl a line an evaluation
+                        (compacted once the run is finished, each NAME.xz: reproduce.compact; `read_lines`)
     OUT/curve.png       success against iteration, redrawn as the run goes (`draw_curve`)
     OUT/ckpt/           the latest checkpoint: both models as HF directories, the bank, the trainer state
     OUT/ckpt.old/       the one before it, the fallback while the run goes on
@@ -21,6 +22,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import lzma
 import math
 import os
 import shutil
@@ -132,18 +134,18 @@ def alive(pid: int) -> bool:
 def open_run_dir(args) -> Lock | None:
     """Rank 0 locks OUT; a new run must not overwrite another (one holds OUT/args.json); --resume continues one.
     Nothing else is written here: args.json follows once the models have loaded (`save_flags`)."""
-    if args.out is None:
-        stamp = crl.gather_objects(time.strftime("%Y%m%d-%H%M%S"))[0]
-        args.out = os.path.join("runs", f"{'+'.join(args.tasks)}-{args.mode}-{stamp}")
+    args.out = args.out or default_out(args)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         sys.exit(f"error: --out {args.out} is a file; choose a directory")
     lock, refused = None, None
     if crl.rank() == 0:
-        os.makedirs(args.out, exist_ok=True)
         try:
+            os.makedirs(args.out, exist_ok=True)
             lock = Lock(args.out)
         except SystemExit as stop:
             refused = str(stop.code)
+        except OSError as err:
+            refused = f"error: --out {args.out} cannot be made a run directory ({err.strerror}); choose another"
         if lock and not args.resume and os.path.exists(os.path.join(args.out, "args.json")):
             refused = f"error: {args.out} already holds a run; pass --resume to continue it, or choose another --out"
     refused = crl.gather_objects(refused)[0]   # rank 0's answer for every rank: no rank goes on alone
@@ -152,6 +154,13 @@ def open_run_dir(args) -> Lock | None:
             lock.release()
         sys.exit(refused)
     return lock
+
+
+def default_out(args) -> str:
+    """runs/TASKS-MODE-TIME, the same on every rank."""
+    stamp = crl.gather_objects(time.strftime("%Y%m%d-%H%M%S"))[0]
+    tasks = "+".join(t.rpartition(":")[2] for t in args.tasks)
+    return os.path.join("runs", f"{tasks}-{args.mode}-{stamp}")
 
 
 def save_flags(args):
@@ -174,8 +183,8 @@ def open_log(args, start: int, name: str = "metrics.jsonl", every_step: bool = T
     if crl.rank() != 0:
         return None
     path = os.path.join(args.out, name)
-    if args.resume and os.path.exists(path):
-        lines, kept, damaged = open(path, encoding="utf-8", errors="replace").read().splitlines(), None, None
+    if args.resume and log_exists(path):   # a compacted finished run resumed (its final.json lost): from the .xz
+        lines, kept, damaged = "".join(read_lines(path, "replace")).splitlines(), None, None
         last = -1   # the last kept line's step
         for n, line in enumerate(lines):
             step = log_step(line)
@@ -312,6 +321,27 @@ def checkpoint_to_resume(args) -> str | None:
         return final
 
 
+def copy_checkpoint(out: str, into: str) -> str | None:
+    """A copy of OUT's newest checkpoint that verifies, its models, bank and trainer state (for --eval-only: a
+    training run may replace OUT/ckpt meanwhile, so a copy that fails to verify is made again, then from ckpt.old);
+    None when OUT holds none."""
+    for _ in range(3):
+        for name in ("ckpt", "ckpt.old"):
+            src, dst = os.path.join(out, name), os.path.join(into, name)
+            if not os.path.exists(os.path.join(src, "state.pt")):
+                continue
+            shutil.rmtree(dst, ignore_errors=True)
+            try:
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("dcp"))
+                verify(dst)
+                return dst
+            except (OSError, Damaged):
+                continue
+    if os.path.exists(os.path.join(out, "args.json")):
+        sys.exit(f"error: --eval-only: {out} holds no checkpoint that verifies yet; wait for its first save")
+    return None
+
+
 def say(message: str):
     if crl.rank() == 0:
         print(message, file=sys.stderr, flush=True)
@@ -433,7 +463,7 @@ def draw_curve(out: str):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in read_lines(os.path.join(out, "metrics.jsonl"))]
     series = sorted({k.split("/", 1)[1] for r in rows for k in r if "/success_" in k})   # e.g. room/success_exp
     if not series:
         return
@@ -487,37 +517,98 @@ def text_parser(kind: type, optional: bool):
     return parse
 
 
-# options of closed studies, retired with their study (each study's runs/ script names the commit it rebuilds at):
-# a run that set one resumes only in a checkout of that commit
-RETIRED = {"distill_from": "exp", "merge_chunks": 0, "recent_moves": 0, "query_map": False, "lesson_sets": False}
-RETIRED_AFTER = "beda864"
+# options of closed studies, retired with their study: option -> (its old default, the last commit that has it). A
+# run that set one away from its default resumes only in a checkout of that commit (its runs/ script names it)
+RETIRED = {**{k: (old, "beda864") for k, old in (("distill_from", "exp"), ("merge_chunks", 0), ("recent_moves", 0),
+                                                   ("query_map", False), ("lesson_sets", False))},
+           **{k: (old, "08588c7") for k, old in (
+               ("extractor_baseline", "batch"), ("extractor_blind", False), ("extractor_entropy", 0.0),
+               ("train_instances", 0), ("max_generations", 4096), ("max_asks", 2), ("merge_size", 5),
+               ("extractor_temperature", 1.0), ("master_dtype", "float32"), ("bank_candidates", 16),
+               ("bank_search_batch", 32), ("credit_discount", 1.0))}}
 FUSED_AFTER = "cfe6db7"   # the last commit whose optimizers hold HF's separate projections (model.Fused)
 
 
-def retired_flags(saved: dict) -> str:
-    """The retired options a run's saved flags set away from their old defaults, as flags ('' when none)."""
-    return ", ".join("--" + k.replace("_", "-") for k, old in RETIRED.items() if saved.get(k, old) != old)
+def retired_flags(saved: dict) -> tuple[str, str] | None:
+    """(the retired options a run's saved flags set away from their old defaults, as flags; the commit to resume it
+    at), or None."""
+    used = [(k, commit) for k, (old, commit) in RETIRED.items() if saved.get(k, old) != old]
+    return (", ".join("--" + k.replace("_", "-") for k, _ in used), used[0][1]) if used else None
 
 
-def add_flags(p, cls):
-    """One flag per field of `cls`, in a help section of its own (a field whose metadata names a `group`: in that
-    group's section, after it); unset flags stay out of the namespace."""
-    groups = {None: p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0])}
-    for dest, f in flat_fields(cls):
-        name = f.metadata.get("group")
-        group = groups.get(name) or groups.setdefault(name, p.add_argument_group(name))
-        kind, optional = value_type(f)
-        shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
-        for name, (as_actor, as_extractor) in PRESETS.items():
-            preset = {**as_actor, **as_extractor}
-            if dest in preset:
-                shown.append(f"{name}: {'none' if preset[dest] is None else preset[dest]}")
-        text = f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
-        kw = dict(dest=dest, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
-        if kind is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"] = text_parser(kind, optional)
-            choices = f.metadata.get("choices")
-            kw["metavar"] = "{" + ",".join(choices) + "}" if choices else kind.__name__.upper()
-        group.add_argument(flag_name(dest, f), **kw)
+def migrate(saved: dict) -> dict:
+    """A run's flags from before the vault study closed (08588c7), in today's terms: --vault-reveal is the task
+    vault-reveal (a per-task value for vault applies to it too), --credit-discount 0 with --credit lift is
+    --credit first-lift. Anything else it set that is retired stays, for retired_flags to refuse."""
+    saved = dict(saved)
+    if saved.pop("vault_reveal", False):
+        saved["tasks"] = ["vault-reveal" if t == "vault" else t for t in saved["tasks"]]
+        for key in ("max_steps", "history"):
+            if isinstance(saved.get(key), str) and "vault=" in saved[key]:
+                n = saved[key].split("vault=")[1].split(",")[0]
+                saved[key] += f",vault-reveal={n}"
+    if saved.get("credit_discount") == 0.0 and saved.get("credit") == "lift":
+        saved["credit"], saved["credit_discount"] = "first-lift", 1.0
+    return saved
+
+
+def renamed_task(saved: dict, key: str) -> str:
+    """A metrics key of a run that migrate() renamed a task of, in today's name (vault/... -> vault-reveal/...)."""
+    if saved.get("vault_reveal"):
+        return key.replace("/vault/", "/vault-reveal/")
+    return key
+
+
+def add_flags(p, classes, first: tuple = ()):
+    """One flag per field of each class of `classes`: the `first` ones in a section of their own, in that order,
+    then each class's in a help section of its own (a field whose metadata names a `group`: in that group's section,
+    after them); unset flags stay out of the namespace."""
+    fields = dict(item for cls in classes for item in flat_fields(cls))
+    top = p.add_argument_group("the settings a run changes first")
+    groups = {cls: p.add_argument_group(cls.__name__, cls.__doc__.split("\n")[0]) for cls in classes}
+    for dest in first:
+        add_flag(top, dest, fields[dest])
+    for cls in classes:
+        for dest, f in flat_fields(cls):
+            if dest in first:
+                continue
+            name = f.metadata.get("group")
+            add_flag(groups.get(name) or groups.setdefault(name, p.add_argument_group(name)) if name else groups[cls],
+                     dest, f)
+
+
+def add_flag(group, dest: str, f):
+    """The flag of one setting: its help with its default and each preset's value."""
+    kind, optional = value_type(f)
+    shown = [] if f.default is None else [f"default: {f.default}"]   # a None default's help says what it means
+    for name, (as_actor, as_extractor) in PRESETS.items():
+        preset = {**as_actor, **as_extractor}
+        if dest in preset:
+            shown.append(f"{name}: {'none' if preset[dest] is None else preset[dest]}")
+    text = f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
+    kw = dict(dest=dest, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
+    if kind is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    else:
+        kw["type"] = text_parser(kind, optional)
+        choices = f.metadata.get("choices")
+        kw["metavar"] = "{" + ",".join(choices) + "}" if choices else kind.__name__.upper()
+    group.add_argument(flag_name(dest, f), **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading a log back, plain or compact: a finished cell of the committed record keeps NAME.jsonl as NAME.jsonl.xz
+# (reproduce.compact); the plain file, where train.py writes, comes first
+
+def read_lines(path: str, errors: str = "strict"):
+    """The lines of the log `path`, else of `path`.xz, as open() gives them; neither is a one-line error."""
+    for name, opener in ((path, open), (path + ".xz", lzma.open)):
+        if os.path.exists(name):
+            with opener(name, "rt", encoding="utf-8", errors=errors) as f:
+                yield from f
+            return
+    raise FileNotFoundError(f"neither {path} nor {path}.xz exists")
+
+
+def log_exists(path: str) -> bool:
+    return os.path.exists(path) or os.path.exists(path + ".xz")

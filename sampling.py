@@ -103,20 +103,13 @@ def allowed_by_target(allowed: list | None, bi: list[int], ti: list[int]) -> dic
             if (b, int(t)) in flat}
 
 
-def target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_size: int, entropy: bool = False
-                     ) -> torch.Tensor:
-    """[N] log-probs of targets given hidden states h [N, hidden] ([2, N] with their distributions' entropies),
-    `chunk_size` rows of lm_head at a time, each chunk recomputed in the backward (checkpointing) instead of
-    keeping its logits."""
+def target_logprobs(model, h, targets, where: dict, sampling: Sampling, chunk_size: int) -> torch.Tensor:
+    """[N] log-probs of targets given hidden states h [N, hidden], `chunk_size` rows of lm_head at a time,
+    each chunk recomputed in the backward (checkpointing) instead of keeping its logits."""
     V = model.config.vocab_size
 
     def chunk_lp(hc, tc, allow):
-        z = sampling.filter(model.lm_head(hc).float(), allow, keep=tc)
-        if not entropy:
-            return selective_log_softmax(z, tc)
-        logp = torch.log_softmax(z, -1)
-        p_logp = logp.exp() * logp.masked_fill(z == float("-inf"), 0.0)   # a dropped token: p log p = 0
-        return torch.stack([logp.gather(1, tc[:, None])[:, 0], -p_logp.sum(-1)])
+        return selective_log_softmax(sampling.filter(model.lm_head(hc).float(), allow, keep=tc), tc)
 
     parts = []
     for s in range(0, len(targets), chunk_size):

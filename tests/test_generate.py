@@ -293,43 +293,6 @@ def test_constrained_logprobs_are_the_softmax_over_the_allowed_ids(tiny, tempera
                 assert t == allowed[int(z.argmax())]
 
 
-def test_token_logprobs_entropy_is_the_sampled_distributions(tiny):
-    """--extractor-entropy's term against a plain reference: at each scored position the entropy of the softmax
-    of the no-cache forward's logits at the temperature, over the allowed ids where a constraint lists them and
-    over the top-k ids (and the scored token, kept as token_logprobs keeps it) elsewhere; its gradient is the plain
-    formula's, and the log-probs are those without it."""
-    g = G(7)
-    toks = torch.randint(0, 256, (2, 12), generator=g)
-    mask = torch.zeros(2, 12, dtype=torch.bool)
-    mask[:, 6:] = True
-    allowed = [{7: [int(toks[0, 7]), 3, 9], 9: [int(toks[0, 9]), 200]}, None]
-    sampling = Sampling(0.7, top_k=5)
-    logp, ent = token_logprobs(tiny, toks, mask, sampling, allowed=allowed, chunk_size=3, entropy=True)
-    assert torch.allclose(logp, token_logprobs(tiny, toks, mask, sampling, allowed=allowed, chunk_size=3), atol=1e-5)
-
-    def reference():
-        z = tiny(toks).float() / 0.7
-        out = torch.zeros(2, 12)
-        for b in range(2):
-            for t in range(6, 12):
-                ids = (allowed[b] or {}).get(t)
-                keep = torch.tensor(ids) if ids else torch.cat([torch.topk(z[b, t - 1], 5).indices, toks[b, t:t + 1]])
-                keep = keep.unique()
-                out[b, t] = -(torch.softmax(z[b, t - 1, keep], 0) * torch.log_softmax(z[b, t - 1, keep], 0)).sum()
-        return out
-    ref = reference()
-    assert torch.allclose(ent, ref, atol=1e-5) and (ent[:, :6] == 0).all()
-    assert ent[0, 9] < math.log(2) + 1e-6 < ent[0, 8]   # two allowed ids bound it; five top-k ids do not
-    tiny.zero_grad()
-    ent.sum().backward()
-    g1 = tiny.layers[0].self_attn.qkv_proj.weight.grad.clone()
-    tiny.zero_grad()
-    reference().sum().backward()
-    g2 = tiny.layers[0].self_attn.qkv_proj.weight.grad.clone()
-    tiny.zero_grad()
-    assert torch.allclose(g1, g2, atol=1e-5, rtol=1e-4) and g1.abs().sum() > 0
-
-
 def test_token_logprobs_grad_and_chunking(tiny):
     g = G(5)
     toks = torch.randint(0, 256, (3, 30), generator=g)

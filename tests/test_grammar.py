@@ -10,14 +10,14 @@ from small import grammar
 from small.tiny import tiny_model
 
 
-def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
+def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer(monkeypatch):
     """--lesson-moves: every extractor reply is `ADD: <plan>`, `UPDATE 1: <plan>` or NONE with the plan made
     of the env's action words; it parses to that plan, and the sampler's log-probs under the grammar equal
     the trainer's recomputation (the CISPO ratio starts at 1)."""
     tok = load_tokenizer("tiny")
     extractor = tiny_model(seed=5)
-    cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_temperature=1.5,
-                        extractor_reply_tokens=64)
+    monkeypatch.setattr(crl, "EXTRACTOR_TEMPERATURE", 1.5)
+    cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=2, extractor_reply_tokens=64)
     run = crl.Run(cfg, ["room"], 0, extractor, tok, None, extractor, tok, None, None)
     run.timer = {"extractor": 0.0}
     plans = grammar.task_plans(run, "room")
@@ -40,14 +40,15 @@ def test_lesson_grammar_parses_and_sampler_logprobs_match_trainer():
             assert torch.allclose(lp[mask], torch.tensor(g.logprobs), atol=1e-4)
 
 
-def test_no_extractor_none_heads_always_write_a_lesson():
+def test_no_extractor_none_heads_always_write_a_lesson(monkeypatch):
     """--extractor-none never: a distilling tiny extractor's head is ADD or UPDATE, never NONE, with the lesson
     grammar and with free lessons; a merge may still answer NONE (or keep one lesson: KEEP)."""
     tok = load_tokenizer("tiny")
     prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
+    monkeypatch.setattr(crl, "EXTRACTOR_TEMPERATURE", 3.0)   # sampled hot
     for moves in (1, 0):
         cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=moves, extractor_none="never",
-                            extractor_reply_tokens=8, extractor_temperature=3.0)
+                            extractor_reply_tokens=8)
         run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
         run.timer = {"extractor": 0.0}
         out = crl.extractor_generate(run, [prompt] * 32, ["room"] * 32, crl.seeded_generator("cpu", 0, 3),
@@ -59,16 +60,17 @@ def test_no_extractor_none_heads_always_write_a_lesson():
         assert merge_heads == {"UPDATE", "KEEP", "NONE"}
 
 
-def test_extractor_none_after_failure_only():
+def test_extractor_none_after_failure_only(monkeypatch):
     """--extractor-none failure: after a won episode the head is ADD or UPDATE, after a lost one NONE is open
     too (and, sampled hot, taken); `always` opens NONE after both; the old boolean reads as always / never."""
     tok = load_tokenizer("tiny")
     prompt = tok.encode("<|im_start|>user\nEpisode<|im_end|>\n<|im_start|>assistant\n")
     won = [True] * 32 + [False] * 32
     heads = {}
+    monkeypatch.setattr(crl, "EXTRACTOR_TEMPERATURE", 3.0)
     for none in ("failure", "always"):
         cfg = crl.CRLConfig(extractor_free_text=False, lesson_moves=1, extractor_none=none,
-                            extractor_reply_tokens=8, extractor_temperature=3.0)
+                            extractor_reply_tokens=8)
         run = crl.Run(cfg, ["room"], 0, None, tok, None, tiny_model(seed=4), tok, None, None)
         run.timer = {"extractor": 0.0}
         out = crl.extractor_generate(run, [prompt] * 64, ["room"] * 64, crl.seeded_generator("cpu", 0, 3),

@@ -58,17 +58,6 @@ def test_cispo_loss_by_hand():
     assert torch.allclose(logp.grad, expected, atol=1e-9)
 
 
-def test_cispo_entropy_term_by_hand():
-    # --extractor-entropy 0.5: each valid token's loss loses 0.5 * its entropy, aggregated like the rest
-    ent = torch.tensor([[0.2, 0.4, 9.0], [1.0, 0.0, 0.5]], dtype=torch.float64, requires_grad=True)
-    base = cispo_loss(_logp(), torch.zeros_like(R), ADV, MASK, eps_low=0.1, eps_high=0.1)
-    loss = cispo_loss(_logp(), torch.zeros_like(R), ADV, MASK, eps_low=0.1, eps_high=0.1, entropy=ent,
-                      entropy_coef=0.5)
-    assert loss.item() == pytest.approx(base.item() - 0.5 * ((0.2 + 0.4) / 2 + (1.0 + 0.0 + 0.5) / 3) / 2, abs=1e-9)
-    loss.backward()
-    assert torch.allclose(ent.grad, torch.tensor([[-0.125, -0.125, 0.0], [-0.5 / 6] * 3], dtype=torch.float64))
-
-
 def test_on_policy_ratio_one_gives_plain_policy_gradient():
     # at r = 1 both objectives reduce to -A * logp's gradient: -A / tokens / sequences per token
     logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
@@ -119,7 +108,7 @@ def test_the_run_splits_advantages_by_experience(monkeypatch, split):
     experience. Split, each half is centred on its own mean; --no-split, the whole group on one mean."""
     from types import SimpleNamespace
     seen = {}
-    monkeypatch.setattr(crl, "policy_update", lambda run, upd, segments, adv: seen.setdefault("adv", adv)
+    monkeypatch.setattr(crl, "policy_update", lambda upd, segments, adv: seen.setdefault("adv", adv)
                         and {})
     rewards = [1, 0, 1, 1, 0, 0, 1, 0]
     eps = [crl.Episode("room", 0, i // 4, i % 4 >= 2, reward=r, segments=[crl.Segment()])

@@ -25,8 +25,7 @@ def adamw_delta(model, lr=1e-6) -> torch.Tensor:
     before = torch.cat([p.detach().float().flatten() for p in model.parameters()])
     segs, advs = fixed_segments(tiny_model(seed=0))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
-    crl.policy_update(holder, crl.Update(model, opt, *bound_loss("grpo")), segs, advs)
+    crl.policy_update(crl.Update(model, opt, *bound_loss("grpo"), micro_batch=2), segs, advs)
     return torch.cat([p.detach().float().flatten() for p in model.parameters()]) - before
 
 
@@ -65,9 +64,8 @@ def test_bf16_update_gradients_equal_the_plain_autocast_recipe():
     model = parallel.prepare(tiny_model(seed=0), torch.device("cpu"), torch.bfloat16)
     segs, advs = fixed_segments(tiny_model(seed=0))
     loss_fn, clip = bound_loss("grpo")
-    holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
     denoms = dict(num_seqs=float(len(segs)))
-    backward_micro_batches(holder, crl.Update(model, None, loss_fn, clip), segs, advs, [1] * len(segs), denoms)
+    backward_micro_batches(crl.Update(model, None, loss_fn, clip, micro_batch=2), segs, advs, [1] * len(segs), denoms)
     ours = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     for idx in micro_batches([len(s.tokens) for s in segs], 2, None):

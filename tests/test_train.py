@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -119,19 +118,20 @@ def moved(model, seed: int) -> bool:
 
 
 def test_each_update_recomputes_under_the_distribution_its_model_sampled_from(tmp_path, monkeypatch):
-    """The actor's and the extractor's updates take log-probs at their own temperatures and the shared top-k,
-    as their samplers drew: recomputed before any step, every trained token's log-prob is the sampler's."""
+    """The actor's and the extractor's updates take log-probs at their own temperatures (the extractor's is
+    crl.EXTRACTOR_TEMPERATURE) and the shared top-k, as their samplers drew: recomputed before any step, every
+    trained token's log-prob is the sampler's."""
     gaps = {}
 
-    def check(run, update, segments, advantages):
+    def check(update, segments, advantages):
         tokens, mask, old = pad_segments(segments, "cpu")
         logp = token_logprobs(update.model, tokens, mask, update.sampling, allowed=[seg.allowed for seg in segments])
-        who = "actor" if update.model is run.actor else "extractor"
+        who = "actor" if update.sampling.temperature == 0.7 else "extractor"
         gaps[who] = max(gaps.get(who, 0.0), (logp - old)[mask].abs().max().item())
         return {}
     monkeypatch.setattr(crl, "policy_update", check)
-    train.main([*STEPPING, "--mode", "crl", "--iters", "3", "--temperature", "0.7", "--extractor-temperature", "1.4",
-                "--top-k", "3", "--out", str(tmp_path)])
+    train.main([*STEPPING, "--mode", "crl", "--iters", "3", "--temperature", "0.7", "--top-k", "3",
+                "--out", str(tmp_path)])
     assert set(gaps) == {"actor", "extractor"} and max(gaps.values()) < 1e-4, gaps
 
 
@@ -225,8 +225,7 @@ def test_every_setting_is_a_documented_flag():
     has a flag with help; a preset fills what the command line leaves out, an explicit flag wins."""
     import argparse
     parser = argparse.ArgumentParser()
-    for cls in (train.RunConfig, crl.CRLConfig):
-        train.add_flags(parser, cls)
+    train.add_flags(parser, (train.RunConfig, crl.CRLConfig), train.FIRST)
     seen = {a.dest: a for a in parser._actions if a.dest != "help"}
     fields = [dest for cls in (train.RunConfig, crl.CRLConfig) for dest, _ in train.flat_fields(cls)]
     assert "bank_use_penalty" in fields and "clip" in fields and "retrieve_k" in fields
@@ -237,7 +236,7 @@ def test_every_setting_is_a_documented_flag():
     explicit = train.parse_args(["--groups", "3", "--map", "--history", "none", "--bank-use-penalty", "0"])
     assert explicit.groups == 3 and explicit.show_map is True and explicit.history is None
     cfg = train.config_from(explicit)
-    assert cfg.groups == 3 and cfg.bank.use_penalty == 0.0 and cfg.bank.candidates == 16
+    assert cfg.groups == 3 and cfg.bank.use_penalty == 0.0 and cfg.bank.recency_window == 1
     real = train.parse_args(["--actor", "/some/ckpt", "--extractor", "/other"])
     assert real.groups == crl.CRLConfig.groups and real.free_text and real.extractor_free_text
     assert real.lr == 1e-6 and real.iters == train.RunConfig.iters
@@ -361,8 +360,7 @@ def single_process_update(objective):
     model = tiny_model(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # SGD: Adam would turn float noise into lr-sized steps
     segs, advs = fixed_segments(model)
-    holder = SimpleNamespace(cfg=crl.CRLConfig(micro_batch=2))
-    crl.policy_update(holder, crl.Update(model, opt, *bound_loss(objective)), segs, advs)
+    crl.policy_update(crl.Update(model, opt, *bound_loss(objective), micro_batch=2), segs, advs)
     return model
 
 
@@ -574,7 +572,7 @@ def test_a_token_budget_leaves_the_update_unchanged():
         model = tiny_model(seed=0)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         segs, advs = fixed_segments(model)
-        crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(**cfg)), crl.Update(model, opt, *bound_loss("grpo")), segs, advs)
+        crl.policy_update(crl.Update(model, opt, *bound_loss("grpo"), **cfg), segs, advs)
         return model.state_dict()
     a, b = update(micro_batch=6), update(micro_batch=6, micro_tokens=40)   # lengths 10-25: batches of 1-4
     assert any(not torch.equal(a[k], tiny_model(seed=0).state_dict()[k]) for k in a)
@@ -597,8 +595,7 @@ def test_repeated_sequences_run_once_and_weigh_as_often_as_they_occur(objective,
     def step():
         model = tiny_model(seed=0)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        stats = crl.policy_update(SimpleNamespace(cfg=crl.CRLConfig(micro_batch=3)),
-                                  crl.Update(model, opt, *bound_loss(objective)), segs, advs)
+        stats = crl.policy_update(crl.Update(model, opt, *bound_loss(objective), micro_batch=3), segs, advs)
         return model.state_dict(), stats
     once, once_stats = step()
     assert sum(rows) == 7                               # 10 sequences, 7 distinct (segment, advantage) pairs
@@ -636,8 +633,7 @@ def test_dtype_auto_takes_bf16_where_its_matmul_measures_faster(monkeypatch, bf1
     (["--actor", "/ckpt", "--dtype", "float32"], "cpu", "float32"),    # an explicit flag wins
     (["--actor", "/ckpt", "--dtype", "bfloat16"], "cpu", "bfloat16"),
     (["--actor", "/ckpt", "--dtype", "float32"], "cuda", "float32"),
-    ([], "cpu", "float32"), ([], "cuda", "bfloat16"),                  # the tiny preset: fp32 on CPU as its results
-    (["--actor", "/ckpt", "--master-dtype", "bfloat16"], "cpu", "bfloat16")])   # bf16 weights compute in bf16
+    ([], "cpu", "float32"), ([], "cuda", "bfloat16")])                 # the tiny preset: fp32 on CPU as its results
 def test_cuda_an_explicit_dtype_and_tiny_choose_without_the_probe(monkeypatch, argv, device, chosen):
     fake_probe(monkeypatch)
     args = train.parse_args(argv)
@@ -749,6 +745,53 @@ def test_a_run_that_used_a_retired_option_resumes_only_at_its_commit(tmp_path, c
     (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "lesson_sets": True, "distill_from": "exp"}))
     with pytest.raises(SystemExit):
         train.parse_args(["--out", str(out), "--resume"])
-    assert f"the run used --lesson-sets, retired after {rundir.RETIRED_AFTER}" in capsys.readouterr().err
-    (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "lesson_sets": False, "distill_from": "exp"}))
+    assert "the run used --lesson-sets, retired after beda864" in capsys.readouterr().err
+    (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "extractor_blind": True}))
+    with pytest.raises(SystemExit):
+        train.parse_args(["--out", str(out), "--resume"])
+    assert "the run used --extractor-blind, retired after 08588c7" in capsys.readouterr().err
+    (out / "args.json").write_text(json.dumps({"tasks": ["vault"], "lesson_sets": False, "distill_from": "exp",
+                                               "extractor_blind": False, "max_asks": 2}))
     assert train.parse_args(["--out", str(out), "--resume"]).tasks == ["vault"]
+
+
+def test_a_vault_first_run_resumes_as_its_recipe(tmp_path, capsys):
+    """A run of the finished study (--vault-reveal, --credit lift with --credit-discount 0) reads as the task
+    vault-reveal with --credit first-lift, its per-task budget carried to the new task's name; its flags are the
+    recipe's, and --recipe vault-first given again with another of its values is a one-line error."""
+    out = tmp_path / "old"
+    out.mkdir()
+    saved = {**train.RECIPES["vault-first"], "tasks": ["vault"], "vault_reveal": True, "credit": "lift",
+             "credit_discount": 0.0, "max_steps": "room=10,maze=10,vault=10", "mode": "crl"}
+    (out / "args.json").write_text(json.dumps(saved))
+    args = train.parse_args(["--out", str(out), "--resume"])
+    assert args.tasks == ["vault-reveal"] and args.credit == "first-lift"
+    assert train.config_from(args).steps("vault-reveal") == 10
+    fresh = train.parse_args(["--recipe", "vault-first", "--mode", "crl"])
+    assert all(getattr(fresh, k) == getattr(args, k) for k in train.RECIPES["vault-first"] if k != "tasks")
+    assert train.parse_args(["--out", str(out), "--resume", "--recipe", "vault-first"]).head_start == 150
+    (out / "args.json").write_text(json.dumps({**saved, "head_start": 90}))
+    with pytest.raises(SystemExit):
+        train.parse_args(["--out", str(out), "--resume", "--recipe", "vault-first"])
+    err = capsys.readouterr().err
+    assert "--recipe vault-first: the run in" in err and "other values of --head-start;" in err
+    with pytest.raises(SystemExit):
+        train.parse_args(["--recipe", "vault-last"])
+    assert "'vault-last' is not a recipe; recipes (recipes.py): vault-first" in capsys.readouterr().err
+
+
+def test_eval_only_repeats_the_final_evaluation_value_for_value(tmp_path, capsys):
+    """--eval-only on a finished run's directory plays the held-out evaluation final.json holds (with and without
+    lessons, and at each attempt), from a copy of the checkpoint: the same values, written to OUT/eval-STEP.json;
+    metrics.jsonl and the checkpoint untouched; on a directory with no run, the --actor model with an empty bank."""
+    out = str(tmp_path / "run")
+    train.main(["--tasks", "vault-reveal", "--mode", "crl", *FAST, "--iters", "2", "--out", out,
+                "--final-eval-episodes", "8", "--final-attempts", "2"])
+    final = json.load(open(os.path.join(out, "final.json")))
+    before = {name: os.path.getmtime(os.path.join(out, name)) for name in ("metrics.jsonl", "ckpt", "args.json")}
+    got = train.main(["--out", out, "--eval-only", "--final-eval-episodes", "8", "--final-attempts", "2"])
+    assert got == final and json.load(open(os.path.join(out, "eval-1.json"))) == final
+    assert "attempts/vault-reveal/success_exp_2" in final
+    assert before == {name: os.path.getmtime(os.path.join(out, name)) for name in before}
+    fresh = train.main(["--tasks", "room", "--eval-only", "--final-eval-episodes", "4", "--out", str(tmp_path / "new")])
+    assert set(fresh) >= {"eval/room/success_exp", "eval/room/success_noexp"} and fresh["step"] == -1

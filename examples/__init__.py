@@ -1,0 +1,1 @@
+"""Tasks of one's own, registered with envs.task (README: Add a task)."""
