@@ -9,6 +9,10 @@ The grid is resumable: a run with final.json is skipped (one damaged is noted an
 checkpoint resumes from it, so the grid accumulates across sittings. `--table` only redraws the table and
 picture from what is there.
 
+Once a cell is finished the grid compacts it into the committed record's form (`compact`; `--compact DIR` does so
+to every finished cell under DIR): its logs metrics.jsonl and bank.jsonl kept as NAME.xz, which every reader opens
+through rundir.read_lines, and its curve.png removed (`--draw RUN` draws it again; probes.lessons RUN, lessons.png).
+
 Modes: the paper's four (`crl`, `grpo`, `static`, `exp-only`), `no-split`, the split-advantage ablation
 (`crl` with one advantage group over all G rollouts), and `oracle` (`static` with the vault's scripted extractor,
 whose every lesson is right: the ceiling of what lessons can give this actor). The table gives the final
@@ -21,6 +25,7 @@ lessons right by block of 30 iterations.
 import argparse
 import collections
 import json
+import lzma
 import math
 import os
 import shutil
@@ -28,6 +33,9 @@ import subprocess
 import sys
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from itertools import islice
+
+import rundir
+from rundir import log_exists, read_lines
 
 MODES = ("crl", "grpo", "static", "exp-only", "no-split", "oracle")
 # every other mode is `--mode MODE`; they follow the grid's own flags (oracle's --extractor overrides the grid's)
@@ -109,7 +117,7 @@ def read_runs(results: str, task: str) -> dict:
         metrics = os.path.join(path, "metrics.jsonl")
         runs.setdefault(mode, {})[int(seed)] = {
             "final": read_final(path, task),
-            "rows": [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []}
+            "rows": [json.loads(line) for line in read_lines(metrics)] if log_exists(metrics) else []}
     return runs
 
 
@@ -328,7 +336,7 @@ def blocks(rows: list[dict], key: str, size: int) -> tuple[list, list]:
 def race(rows: list[dict], task: str, size: int = 30) -> list[str]:
     """The race between the extractor and the actor in one run's training, a markdown row per block of `size`
     iterations: CISPO steps taken in it and before its end, the share of lessons written that name their
-    instance's door (the vault) and that share by chance (metrics.right_by_chance), and the training gap with -
+    instance's door (the vault) and that share by chance (vault_study.right_by_chance), and the training gap with -
     without experience (success)."""
     cispo = collections.Counter(r["step"] // size * size for r in rows if "extractor/reward" in r)
     right = dict(zip(*blocks(rows, "lessons/right_written", size)))
@@ -348,30 +356,31 @@ def race(rows: list[dict], task: str, size: int = 30) -> list[str]:
 
 def chance_from_bank(out: str, rows: list[dict]) -> list[dict]:
     """Runs logged before lessons/right_by_chance: the metric rebuilt from the last bank (each lesson's door and
-    iteration) and the vaults the groups played (crl.visiting_instance), taking each iteration's lessons as
+    iteration) and the vaults the groups played (vault_study.visiting_instance), taking each iteration's lessons as
     distill_per_group per group in group order. Only where that reading gives every logged lessons/right_written
     exactly (an ADD-only run, none replaced or evicted); otherwise the rows unchanged."""
     import types
-    import crl   # here, not at the top: it loads torch, which only this report needs
+    import crl
     import envs
-    import metrics
+    import vault_study
     a = json.load(open(os.path.join(out, "args.json")))
     if any("lessons/right_by_chance" in r for r in rows) or not a.get("instance_visits"):
         return rows
     run = types.SimpleNamespace(seed=a["seed"], tasks=a["tasks"], cfg=types.SimpleNamespace(**a))
-    last = json.loads(open(os.path.join(out, "bank.jsonl")).readlines()[-1])["bank"].get("vault", [])
+    last = json.loads(collections.deque(read_lines(os.path.join(out, "bank.jsonl")), 1)[0])["bank"].get("vault", [])
     written = collections.defaultdict(list)
     for text, _, _, step in last:
-        written[step].append(metrics.first_word(text))
+        written[step].append(vault_study.first_word(text))
     filled = []
     for r in rows:
-        doors = [envs.vault_door(crl.visiting_instance(run, r["step"], i // a["distill_per_group"])[1])
+        doors = [envs.vault_door(vault_study.visiting_instance(run, r["step"], i // a["distill_per_group"],
+                                                               crl.EVAL_SEED0)[1])
                  for i in range(len(written[r["step"]]))]
         pairs = list(zip(written[r["step"]], doors))
         if "lessons/right_written" in r and (not pairs or sum(w == d for w, d in pairs) / len(pairs) != r[
                 "lessons/right_written"]):
             return rows
-        filled.append({**r, **metrics.right_by_chance(pairs)} if pairs else r)
+        filled.append({**r, **vault_study.right_by_chance(pairs)} if pairs else r)
     return filled
 
 
@@ -400,6 +409,7 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
     argv = train_argv(task, mode, seed, out, a, extra)
     check_same_flags(out, argv)
     if read_final(out, task) is not None:
+        compact(out)   # finished in a sitting before the grid compacted its cells
         return
     # a crash between a save's two renames leaves the checkpoint in ckpt.old: train.py --resume puts it back
     resume = any(os.path.exists(os.path.join(out, c, "state.pt")) for c in ("ckpt", "ckpt.old"))
@@ -417,6 +427,7 @@ def run_one(task: str, mode: str, seed: int, a, extra: list[str]):
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         sys.exit(f"error: {task} {mode} seed {seed} stopped (exit {rc}); run the same command again to resume it")
+    compact(out)   # the record's form from the start: a study commits its cells as they are
 
 
 # flags that say where a cell is, how its work is batched and how often it is saved, not what it learns from: a
@@ -434,13 +445,70 @@ def check_same_flags(out: str, argv: list[str]):
     path = os.path.join(out, "args.json")
     if not os.path.exists(path):
         return
-    import train   # only here: the table needs no torch
+    import train   # only here: the table needs none of its flags
     saved, want = json.load(open(path)), vars(train.parse_args(argv))
     diff = [k for k in sorted(want) if k not in NOT_COMPARED and k in saved and saved[k] != want[k]
             and want[k] not in RESOLVED.get(k, ())]
     if diff:
         told = ", ".join(f"{k}: {saved[k]} here, {want[k]} asked" for k in diff)
         sys.exit(f"error: {out} was trained with other flags ({told}); give the same flags, or another --results")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the committed record's form: a finished cell's logs compressed, its own figures drawn on demand
+
+def finished(out: str) -> bool:
+    """Whether train.py is done with the cell OUT for good: no process holds it (OUT/lock) and its final.json is
+    written or, a run without a final evaluation, its every iteration logged. Its logs take no more lines."""
+    path = os.path.join(out, "args.json")
+    if os.path.exists(os.path.join(out, "lock")) or not os.path.exists(path):
+        return False
+    if os.path.exists(os.path.join(out, "final.json")):
+        return True
+    a, metrics = json.load(open(path)), os.path.join(out, "metrics.jsonl")
+    return (not a.get("final_eval_episodes") and bool(a.get("iters")) and log_exists(metrics)
+            and sum(1 for _ in read_lines(metrics)) >= a["iters"])
+
+
+def compact(out: str) -> bool:
+    """A finished cell in the committed record's form, idempotently: each log (OUT/*.jsonl, *.log) as NAME.xz, xz
+    at preset 9e (a bank.jsonl's snapshots repeat each other: 250 times smaller, against gzip's 16), and its own
+    figures (OUT/*.png) removed, drawn again on demand (--draw). An unfinished cell is left as it is (False): train.py
+    appends to its logs. A compacted cell resumed (its final.json lost) reads its logs back from the .xz and
+    writes them plain, and the plain file comes first (rundir.read_lines) until it is compacted again."""
+    if not finished(out):
+        return False
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if name.endswith((".jsonl", ".log")):
+            squeeze(path)
+        elif name.endswith(".png"):
+            os.remove(path)
+    return True
+
+
+def squeeze(path: str):
+    """PATH as PATH.xz, written whole before PATH goes: a kill between leaves both, the same lines."""
+    with open(path, "rb") as src, lzma.open(path + ".xz.tmp", "wb", preset=9 | lzma.PRESET_EXTREME) as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(path + ".xz.tmp", path + ".xz")
+    os.remove(path)
+
+
+def compact_all(top: str) -> tuple[list, list, list]:
+    """Every run folder (one with args.json) under TOP compacted where finished, and every probe's record kept
+    outside a run folder (a *.jsonl: credit_trace --trace FILE, written whole) as its .xz: (runs compacted, runs
+    left as they are, records compacted)."""
+    done, left, records = [], [], []
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("ckpt"))   # a checkpoint's files are not its logs
+        if "args.json" in files:
+            (done if compact(folder) else left).append(folder)
+            continue
+        for name in sorted(n for n in files if n.endswith(".jsonl")):
+            squeeze(os.path.join(folder, name))
+            records.append(os.path.join(folder, name))
+    return done, left, records
 
 
 def parse_args(argv=None):
@@ -467,6 +535,12 @@ def parse_args(argv=None):
                    "args.json, in a temporary folder, and compare their metrics with RUN's value for value (times "
                    "aside): how a change proves it kept behaviour; exit 1 if any differ")
     p.add_argument("--replay-iters", type=int, default=8, help="iterations --replay trains (default 8)")
+    p.add_argument("--compact", metavar="DIR", help="put every finished run under DIR into the committed record's "
+                   "form (its logs NAME.jsonl as NAME.jsonl.xz, its curve.png removed; what the grid does to a cell "
+                   "once it finishes), and any probe's NAME.jsonl outside a run folder, and stop; a run still "
+                   "training, or stopped short, is left as it is")
+    p.add_argument("--draw", nargs="+", metavar="RUN", help="draw each run's curve.png again from its metrics (the "
+                   "record keeps none), and stop")
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -484,9 +558,21 @@ def main(argv=None):
     a, extra = parse_args(argv)
     if a.replay:
         sys.exit(0 if replay(a.replay, a.replay_iters) else 1)
+    if a.compact:
+        done, left, records = compact_all(a.compact)
+        print("\n".join([f"{len(done)} finished runs under {a.compact} in the compact form, {len(records)} probe "
+                         f"records compacted; runs left as they are (unfinished, or not train.py's): {len(left)}",
+                          *left]))
+        return
+    if a.draw:
+        for out in a.draw:
+            rundir.draw_curve(out)   # draws nothing where no success is logged
+            path = os.path.join(out, "curve.png")
+            print(path if os.path.exists(path) else f"{out}: no success logged, no curve")
+        return
     if a.race:
         for out in a.race:
-            rows = chance_from_bank(out, [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))])
+            rows = chance_from_bank(out, [json.loads(line) for line in read_lines(os.path.join(out, "metrics.jsonl"))])
             task = json.load(open(os.path.join(out, "args.json")))["tasks"][0]   # the run's own, whatever --tasks says
             print("\n".join([f"{out} ({len(rows)} iterations):", "", *race(rows, task), ""]))
         return
@@ -520,7 +606,7 @@ def replay(run: str, iters: int) -> bool:
                "--resume", "--iters", str(len(want)), "--final-eval-episodes", "0", "--final-attempts", "0"]
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"error: the replay of {run} stopped; its output is above")
-        got = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        got = [json.loads(line) for line in read_lines(os.path.join(out, "metrics.jsonl"))]
     if got and len(got) == len(want):   # a run evaluates at its last iteration, which the recorded one did not end at
         got[-1] = {k: v for k, v in got[-1].items() if not k.startswith("eval/") or k in want[-1]}
     differs = replay_differs(run, got)
@@ -529,8 +615,11 @@ def replay(run: str, iters: int) -> bool:
 
 
 def recorded_rows(run: str, iters: int) -> list[dict]:
-    """RUN's first `iters` metrics rows, times aside."""
-    return [strip_times(json.loads(line)) for line in islice(open(os.path.join(run, "metrics.jsonl")), iters)]
+    """RUN's first `iters` metrics rows, times aside, each key in today's names (a task renamed since RUN ran, as
+    rundir.migrate reads its flags: vault/... under --vault-reveal is vault-reveal/...)."""
+    saved = json.load(open(os.path.join(run, "args.json")))
+    return [{rundir.renamed_task(saved, k): v for k, v in strip_times(json.loads(line)).items()}
+            for line in islice(read_lines(os.path.join(run, "metrics.jsonl")), iters)]
 
 
 def strip_times(row: dict) -> dict:

@@ -8,16 +8,11 @@ pool_lessons) were retired after f2e927f: their records rebuild from that commit
     lessons         a run's bank: each lesson, its uses and success when used, and how the bank grew
     judge           P(accept) of right and wrong lessons: can an actor judge a lesson? (each preset's --judge)
     merge_cost      one whole-bank merge pass at a run's bank size, timed
-    vault_controls  the vault with an oracle and a shuffled bank: does the actor use the answer? does it win again
-                    what it won once, and can a lesson after a loss (the locked doors) help it?
-    vault_lessons   a vault run's lessons against each vault's door
-    vault_forms     can the untrained extractor read the opened door off an episode, in three prompt forms?
-    cispo_vault     can CISPO alone teach the extractor to name the opened door, or after a loss the doors left
-                    (fresh vaults, a scripted follower)?
-    credit_trace    a vault run's first iterations replayed: which lessons the lift credit rewarded, whether the
-                    actor followed them, and which generations CISPO trained with what advantage
     random_play     a task's floor: success of a random valid action each turn on held-out instances
     gpu_profile     where a GPU's time goes: the training and decode steps kernel by kernel; two threads decoding
+
+The finished vault study's probes are in probes/vault/ (`python -m probes.vault.NAME`, listed there; before
+2026-12-01 they were `probes.NAME`).
 
 Shared here: reading the words view (`ONE_MOVE`) and an actor's exact constrained policy (`policy`).
 """

@@ -13,6 +13,7 @@ import time
 import crl
 import train
 from bank import Operation
+from rundir import read_lines
 
 
 def main(argv=None):
@@ -22,8 +23,7 @@ def main(argv=None):
     args = train.parse_args([*rest, "--eval-every", "0"])
     device = train.setup_distributed(args)
     run, _ = train.build(args, device, train.model_dtype(args, device))
-    with open(f"{mine.run}/bank.jsonl") as f:
-        *_, last = f
+    *_, last = read_lines(f"{mine.run}/bank.jsonl")
     banks = json.loads(last)["bank"]
     for task, lessons in banks.items():
         texts = [text for text, *_ in lessons]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuilds results/cispo-none/: does the follower's play after a win decide whether CISPO drains the extractor's
 # NONE after a loss and collapses it onto one door (results/vault-clean: crl seeds 1-3 wrote a lesson after every
-# episode from iteration 50)? The CISPO probe (probes/cispo_vault.py) with the grid's extractor settings
+# episode from iteration 50)? The CISPO probe (probes/vault/cispo_vault.py) with the grid's extractor settings
 # (--extractor-none failure --credit lift --extractor-lr 3e-5), 3 of 8 vaults won, and a lost vault's lesson
 # played as the trained actor plays it (--p-follow 0.73: its old first door, then the lesson's). Two arms that
 # differ only in what the follower does with a won vault:
@@ -16,7 +16,7 @@ OUT=${1:-runs/rebuild}/cispo-none
 COMMON="--steps ${STEPS:-30} --p-won 0.375 --p-follow 0.73 --p-right 0.99"
 FLAGS="--extractor-none failure --credit lift --extractor-lr 3e-5 --embedder smollm2"
 [ -f "$OUT/habit/curve.jsonl" ] ||
-    python -m probes.cispo_vault --out "$OUT/habit" $COMMON --p-wrong 0.94 --p-again 0.99 $FLAGS
+    python -m probes.vault.cispo_vault --out "$OUT/habit" $COMMON --p-wrong 0.94 --p-again 0.99 $FLAGS
 [ -f "$OUT/sampling/curve.jsonl" ] ||
-    python -m probes.cispo_vault --out "$OUT/sampling" $COMMON --p-wrong 0.42 --p-again 0.65 $FLAGS
-python -m probes.cispo_vault --plot "$OUT"
+    python -m probes.vault.cispo_vault --out "$OUT/sampling" $COMMON --p-wrong 0.42 --p-again 0.65 $FLAGS
+python -m probes.vault.cispo_vault --plot "$OUT"

@@ -3,11 +3,11 @@
 # of beda864 or of the commit named below (git worktree add ../crl-beda864 beda864).
 # Rebuilds results/cispo-sets/: can CISPO teach the SmolLM2 extractor to write, after a lost vault, the doors the
 # play left untried (--lesson-sets), the one lesson that lifts a trained actor on the vaults it lost
-# (results/vault-clean/controls: 0.02 -> 0.29)? The probe of runs/cispo-vault.sh (probes/cispo_vault.py: 16
+# (results/vault-clean/controls: 0.02 -> 0.29)? The probe of runs/cispo-vault.sh (probes/vault/cispo_vault.py: 16
 # fresh scripted vaults a step, nothing else of a run) with the clean vault's extractor flags, each arm 120 steps:
 #   crl-*:  3 vaults in 8 won, played as the trained crl actor plays them: it wins again a vault it won whatever
 #           the lesson says (0.99 right, 0.94 wrong; without a lesson 0.99), and on a vault it lost it opens with
-#           its old first door, then takes the lesson's doors (probes.cispo_vault.habit_wins), following a lesson
+#           its old first door, then takes the lesson's doors (probes.vault.cispo_vault.habit_wins), following a lesson
 #           0.73 of the time (its 0.29 with the doors left); credited by lift against the vault played without;
 #   lost-*: every vault lost (the lessons after a loss alone);
 #   door-lr3e-5: crl-lr3e-5 with the grid's one-door lessons, for contrast (after a loss, at most one door).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuilds results/cispo-vault/: can CISPO teach the SmolLM2 extractor to name the door that opened, apart from
-# the actor (probes/cispo_vault.py)? 16 fresh vaults a step, each arm 200 steps (the second set 150):
+# the actor (probes/vault/cispo_vault.py)? 16 fresh vaults a step, each arm 200 steps (the second set 150):
 #   oracle-*: every episode won, and the follower wins exactly when the lesson names the vault's door;
 #   real-*: 3 episodes in 8 won, the follower wins 0.61 with the right door and 0.15 with a wrong one (the
 #   untrained SmolLM2 actor's oracle and shuffled controls);

@@ -20,7 +20,7 @@ OUT=$ROOT/vault-clean
 CLEAN="--instance-visits 4 --groups 4 --bank-min-cosine 0.999 --extractor-none failure --credit lift --merge-every 0"
 
 [ -f "$OUT/probe-real-won-lr3e-5/curve.jsonl" ] ||
-    python -m probes.cispo_vault --out "$OUT/probe-real-won-lr3e-5" --steps 20 --p-won 1 --p-right 0.61 \
+    python -m probes.vault.cispo_vault --out "$OUT/probe-real-won-lr3e-5" --steps 20 --p-won 1 --p-right 0.61 \
         --p-wrong 0.15 --extractor-lr 3e-5 --embedder smollm2
 python reproduce.py --tasks vault --results "$OUT" --modes crl,exp-only,grpo,static --seeds 5 --iters ${ITERS:-300} -- \
     --actor smollm2 --extractor smollm2 $CLEAN --extractor-lr 3e-5 --final-attempts 3

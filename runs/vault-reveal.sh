@@ -23,7 +23,9 @@ PILOT="--tasks vault --mode crl --seed 1 --iters ${PILOT_ITERS:-150} --eval-ever
 pilot() {   # ARM FLAGS...: one pilot arm, resumed from its checkpoint if it has one, skipped once finished
     local arm=$1; shift
     [ -f "$OUT/pilot/$arm/ckpt/state.pt" ] && set -- "$@" --resume
-    [ -f "$OUT/pilot/$arm/curve.png" ] || python train.py $MODEL $REVEAL $PILOT --out "$OUT/pilot/$arm" "$@"
+    # done once its curve is drawn, or once compacted into the record's form (reproduce.py --compact)
+    [ -f "$OUT/pilot/$arm/curve.png" ] || [ -f "$OUT/pilot/$arm/metrics.jsonl.xz" ] ||
+        python train.py $MODEL $REVEAL $PILOT --out "$OUT/pilot/$arm" "$@"
 }
 if [ "$PART" != pilot ]; then
     python reproduce.py --tasks vault --results "$OUT" --modes grpo,oracle --seeds 5 --iters ${ITERS:-300} \

@@ -1,8 +1,11 @@
-"""reproduce.py: the paper-style table from a fabricated results folder (numbers worked by hand), and one
-2-iteration grid cell end to end through train.py (resumable, skipped once done)."""
+"""reproduce.py: the paper-style table from a fabricated results folder (numbers worked by hand), from a small
+compact record (tests/data/record), and one 2-iteration grid cell end to end through train.py (resumable, skipped
+once done, compacted)."""
 import json
+import lzma
 import math
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -11,9 +14,12 @@ import pytest
 
 import crl
 import envs
-import metrics
+import vault_study
 import reproduce
 import train
+from rundir import read_lines
+
+RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "record")
 
 
 def _run(root, mode, seed, final: dict, rows: list[dict], task="room"):
@@ -116,12 +122,17 @@ def test_grid_cell_end_to_end(tmp_path, capsys):
     assert args["mode"] == "crl" and args["split"] is False
     assert "| no-split | 1/1 |" in (tmp_path / "room.md").read_text()
     assert (tmp_path / "room.png").exists()
-    stamp = os.path.getmtime(out / "metrics.jsonl")
+    logs = {"metrics.jsonl.xz", "bank.jsonl.xz"}           # compacted once finished: no plain log, no curve.png
+    assert logs <= set(os.listdir(out)) and not {"metrics.jsonl", "bank.jsonl", "curve.png"} & set(os.listdir(out))
+    stamp = os.path.getmtime(out / "metrics.jsonl.xz")
     reproduce.main(argv)                                   # done: skipped
-    assert os.path.getmtime(out / "metrics.jsonl") == stamp
+    assert os.path.getmtime(out / "metrics.jsonl.xz") == stamp
     os.remove(out / "final.json")                          # killed during the final evaluation: resumed
     reproduce.main(argv)
     assert json.load(open(out / "final.json")) == final    # the same held-out seeds and sampling noise
+    for name in ("metrics.jsonl", "bank.jsonl"):           # the resumed run read its logs back from the .xz
+        assert [json.loads(line)["step"] for line in read_lines(str(out / name))] == [0, 1]
+    assert logs <= set(os.listdir(out)) and "metrics.jsonl" not in os.listdir(out)
     assert "resuming" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="iters: 2 here, 3 asked"):   # never mixed into a grid of another budget
         reproduce.main([*argv[:argv.index("--")], "--", *tiny, "--iters", "3"])
@@ -241,12 +252,13 @@ def test_race_reads_the_runs_own_task_whatever_tasks_says(tmp_path, capsys):
 
 def test_chance_from_bank_rebuilds_lessons_right_by_chance_from_the_bank_and_the_vaults_played(tmp_path):
     """A run of 2 iterations, 2 groups, 2 lessons a group, logged before the metric: iteration 0's lessons name
-    group 0's door twice and group 1's door then another, so right 3/4 and by chance what metrics.right_by_chance
+    group 0's door twice and group 1's door then another, so right 3/4 and by chance what vault_study.right_by_chance
     gives those pairs; iteration 1's lessons all name group 0's door. One lesson changed so that right_written
     no longer matches: the rows come back unchanged."""
     a = {"seed": 3, "tasks": ["vault"], "instance_visits": 4, "groups": 2, "distill_per_group": 2}
     run = types.SimpleNamespace(seed=3, tasks=["vault"], cfg=types.SimpleNamespace(**a))
-    door = {(t, g): envs.vault_door(crl.visiting_instance(run, t, g)[1]) for t in (0, 1) for g in (0, 1)}
+    door = {(t, g): envs.vault_door(vault_study.visiting_instance(run, t, g, crl.EVAL_SEED0)[1])
+            for t in (0, 1) for g in (0, 1)}
     other = next(d for d in envs.Vault.actions if d != door[0, 1])
     bank = [[door[0, 0], 0, 0, 0], [door[0, 0], 0, 0, 0], [door[0, 1], 0, 0, 0], [other, 0, 0, 0]] + \
         [[door[1, 0], 0, 0, 1]] * 4
@@ -257,7 +269,7 @@ def test_chance_from_bank_rebuilds_lessons_right_by_chance_from_the_bank_and_the
     (tmp_path / "bank.jsonl").write_text(json.dumps({"step": 1, "bank": {"vault": bank}}) + "\n")
     filled = reproduce.chance_from_bank(str(tmp_path), rows)
     assert [r["lessons/right_by_chance"] for r in filled] == [
-        metrics.right_by_chance(pairs[t])["lessons/right_by_chance"] for t in (0, 1)]
+        vault_study.right_by_chance(pairs[t])["lessons/right_by_chance"] for t in (0, 1)]
     assert rows[0]["lessons/right_written"] == 0.75
     bank[3] = [door[0, 1], 0, 0, 0]
     (tmp_path / "bank.jsonl").write_text(json.dumps({"step": 1, "bank": {"vault": bank}}) + "\n")
@@ -303,3 +315,56 @@ def test_replay_trains_a_runs_first_iterations_again_and_finds_a_changed_value(t
     newer = [{**r, "lessons/right_by_chance": 0.5} for r in rows[:2]]
     assert reproduce.replay_differs(str(run), newer) is None
     assert "step 0 differs" in reproduce.replay_differs(str(run), [{k: v for k, v in rows[0].items() if k != "turns"}])
+
+
+def test_the_reader_reads_xz_and_plain_alike(tmp_path):
+    """rundir.read_lines gives a log's lines as open() does, from NAME or from NAME.xz (squeeze's), the plain one
+    first where both are (a compacted run resumed writes it); neither is one error naming both."""
+    lines = ['{"step": 0}\n', '{"step": 1, "lesson": "north é"}\n', '{"step": 2}\n']
+    plain, packed = str(tmp_path / "plain.jsonl"), str(tmp_path / "packed.jsonl")
+    for path in (plain, packed):
+        open(path, "w", encoding="utf-8").write("".join(lines))
+    reproduce.squeeze(packed)
+    assert not os.path.exists(packed) and os.path.exists(packed + ".xz")
+    assert list(read_lines(plain)) == list(read_lines(packed)) == lines
+    open(packed, "w").write(lines[0])
+    assert list(read_lines(packed)) == lines[:1]
+    with pytest.raises(FileNotFoundError, match=r"neither \S*none.jsonl nor \S*none.jsonl.xz exists"):
+        list(read_lines(str(tmp_path / "none.jsonl")))
+
+
+def test_a_compact_record_regenerates_its_table():
+    """tests/data/record: results/vault-first's crl and grpo seeds 0 and 1, each cut to its first 60 metrics rows
+    and 3 bank snapshots, then compacted (`--compact`). Its vault.md is the table reproduce.py made from the plain
+    cells before they were compacted: read through the .xz, the record gives it back exactly."""
+    assert not any(name.endswith(".jsonl") for _, _, files in os.walk(RECORD) for name in files)
+    assert reproduce.table(RECORD, "vault") == open(os.path.join(RECORD, "vault.md"), encoding="utf-8").read()
+
+
+def test_compact_keeps_every_line_drops_the_figures_and_leaves_unfinished_runs(tmp_path):
+    """The record expanded to plain logs, with a curve.png, and an unfinished run beside it (2 of its 300
+    iterations, no final.json): `--compact` makes each log its .xz byte for byte, removes the figure, leaves the
+    unfinished run plain, and the table is as committed; a second pass changes nothing; --draw draws the curve."""
+    root = tmp_path / "record"
+    shutil.copytree(RECORD, root)
+    plain = {}
+    for xz in sorted(root.rglob("*.xz")):
+        plain[xz] = lzma.decompress(xz.read_bytes())
+        xz.with_suffix("").write_bytes(plain[xz])
+        xz.unlink()
+    (root / "vault" / "crl-seed0" / "curve.png").write_bytes(b"a figure")
+    unfinished = root / "pilot" / "crl-seed0"
+    unfinished.mkdir(parents=True)
+    shutil.copy(root / "vault" / "crl-seed0" / "args.json", unfinished)
+    (unfinished / "metrics.jsonl").write_bytes(b"".join(plain[root / "vault" / "crl-seed0" / "metrics.jsonl.xz"]
+                                                        .splitlines(True)[:2]))
+    reproduce.main(["--compact", str(root)])
+    assert {xz: lzma.decompress(xz.read_bytes()) for xz in plain} == plain
+    assert not [p for p in root.rglob("*") if p.suffix in (".jsonl", ".png") and p.parent != unfinished]
+    assert sorted(os.listdir(unfinished)) == ["args.json", "metrics.jsonl"]
+    stamps = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    reproduce.main(["--compact", str(root)])
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == stamps
+    assert reproduce.table(str(root), "vault") == (root / "vault.md").read_text(encoding="utf-8")
+    reproduce.main(["--draw", str(root / "vault" / "crl-seed0")])   # its curve, drawn again from the .xz
+    assert (root / "vault" / "crl-seed0" / "curve.png").stat().st_size > 1000

@@ -795,3 +795,17 @@ def test_eval_only_repeats_the_final_evaluation_value_for_value(tmp_path, capsys
     assert before == {name: os.path.getmtime(os.path.join(out, name)) for name in before}
     fresh = train.main(["--tasks", "room", "--eval-only", "--final-eval-episodes", "4", "--out", str(tmp_path / "new")])
     assert set(fresh) >= {"eval/room/success_exp", "eval/room/success_noexp"} and fresh["step"] == -1
+
+
+def test_the_recipe_dry_run_prints_the_committed_headline_cell(capsys):
+    """`--recipe vault-first --mode crl --seed 0 --dry-run` prints the args.json of results/vault-first's crl seed 0
+    cell as today's flags read it (rundir.migrate): every setting equal, bar where the run was written and the
+    options since retired at their defaults."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cell = os.path.join(here, "..", "results", "vault-first", "vault", "crl-seed0")
+    train.main(["--recipe", "vault-first", "--mode", "crl", "--seed", "0", "--dry-run", "--out", cell])
+    printed = json.loads(capsys.readouterr().out.split("\n", 1)[1])   # after the --dtype auto line
+    saved = rundir.migrate(json.load(open(os.path.join(cell, "args.json"))))
+    bookkeeping = {"out", "resume", "recipe", "dry_run", "eval_only", "tensorboard", "wandb", "dtype", "dtype_auto"}
+    differ = {k for k in (set(printed) | set(saved)) - bookkeeping if printed.get(k) != saved.get(k)}
+    assert differ == {k for k, (old, _) in rundir.RETIRED.items() if saved.get(k) == old}, differ
