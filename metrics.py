@@ -7,7 +7,8 @@ from parallel import all_reduce_sum, gather_objects
 
 
 def panel_key(task: str, seed: int) -> str:
-    """A held-out instance's task in metric names, with its panel where the task has several (`vault-family/control`)."""
+    """A held-out instance's task in metric names, with its panel where the task has several
+    (`vault-family/control`)."""
     panel = envs.panel_of(task, seed)
     return f"{task}/{panel}" if panel else task
 

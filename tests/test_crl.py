@@ -404,7 +404,8 @@ def test_vault_held_out_seeds_balance_doors_and_are_never_drawn_in_training():
     run = types.SimpleNamespace(cfg=cfg, tasks=["vault"])
     for seed in range(5):
         run.seed = seed
-        visited = {envs.vault_name(vault_study.visiting_instance(run, step, g, crl.EVAL_SEED0)[1]) for step in range(300) for g in range(4)}
+        visited = {envs.vault_name(vault_study.visiting_instance(run, step, g, crl.EVAL_SEED0)[1])
+                   for step in range(300) for g in range(4)}
         assert len(visited) >= 300 and not visited & set(names)
 
 
