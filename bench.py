@@ -2,12 +2,16 @@
 
   python bench.py generate  model.generate vs transformers' generate, tokens/s (same random ~25M-param Qwen3
                             checkpoint, or SmolLM2-135M's shape with `--shape smollm2`, in `--dtype`; sampling at
-                            temperature 1, every row forced to the full length); and a multi-turn session
-                            with the KV cache kept across turns vs re-prefilling the history
+                            temperature 1, every row forced to the full length), the prefill and a decode
+                            step timed apart, each beside its roof on this CPU (the larger of the bytes read at
+                            the measured read bandwidth and the FLOPs at the measured matmul peak); and a
+                            multi-turn session with the KV cache kept across turns vs re-prefilling the history
   python bench.py train     token_logprobs forward + backward vs transformers' forward + log-softmax gather +
-                            backward: time, and peak memory (growth of peak RSS), each side in a fresh process
+                            backward (`--shape`, `--dtype`: bf16 is the update's autocast on fp32 masters): time,
+                            peak memory (growth of peak RSS), each side in a fresh process, and the step's model
+                            FLOPs as a share of the measured matmul peak (MFU)
   python bench.py bank      ExperienceBank.search p50/p99 (32 queries, 1k/20k/100k entries x 384-d) vs a numpy
-                            brute force on the same keys; search latency with vs without the background writer
+                            brute force on the same keys
   python bench.py env       steps/s of envs.py's text wrappers vs the raw MiniHack gym env (same seeds and random
                             actions: the ratio is the cost of the text); Sokoban and WebShop steps/s (no
                             reference; WebShop also its search alone, ms/query)
@@ -41,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -106,10 +109,71 @@ def _checkpoint(path: str | None, shape: str = "qwen3-25m") -> str:
     return path
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")   # the flags that decide torch's and oneDNN's kernels
+
+
+def _cpuinfo(text: str) -> tuple[str, list[str]]:
+    """(model name, which of CPU_FLAGS it has) from /proc/cpuinfo's text (its first processor's lines)."""
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    have = set(fields.get("flags", "").split())
+    return fields.get("model name", "unknown CPU"), [f for f in CPU_FLAGS if f in have]
+
+
+def _cpu() -> tuple[str, list[str]]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return _cpuinfo(f.read())
+    except OSError:   # not Linux: the name only, the flags unknown
+        import platform
+        return platform.processor() or platform.machine(), []
+
+
 def _cpu_kind() -> str:
-    """What the CPU computes with, as torch sees it (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA can lower it)."""
+    """The CPU, its flags of CPU_FLAGS, and what it computes with as torch sees it (ATEN_CPU_CAPABILITY and
+    ONEDNN_MAX_CPU_ISA can lower it below the flags)."""
+    name, flags = _cpu()
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA")
-    return f"cpu capability {torch.backends.cpu.get_cpu_capability()}" + (f", oneDNN ISA <= {isa}" if isa else "")
+    return (f"{name} ({' '.join(flags) or 'none of ' + ' '.join(CPU_FLAGS)}), cpu capability "
+            f"{torch.backends.cpu.get_cpu_capability()}" + (f", oneDNN ISA <= {isa}" if isa else ""))
+
+
+def _native_dtype() -> str:
+    """bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX, not held to AVX2), else float32: the
+    dtype a run picks with --dtype auto and the CPU targets are set in."""
+    held = "AVX2" in os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    native = {"avx512_bf16", "amx_bf16"} & set(_cpu()[1]) and "AVX512" in torch.backends.cpu.get_cpu_capability()
+    return "bfloat16" if native and not held else "float32"
+
+
+def _cpu_limits(n_bytes: int, dtype: torch.dtype) -> tuple[float, float]:
+    """(read bytes/s over a buffer of n_bytes, matmul FLOP/s in `dtype`) on this CPU, measured now: what a roof
+    is made of. A decode step reads its weights once, so the read is of a buffer as large as they are (the L3
+    may hold part of either); the matmul is 2048^3, fewer repeats in fp32 (~8x slower than AMX's bf16)."""
+    reps = 20 if dtype == torch.bfloat16 else 4
+    return _copy_bandwidth("cpu", n_bytes, reps=5, read=True), _matmul_flops(2048, "cpu", reps, dtype)
+
+
+def _best_limits(limits: list) -> tuple[float, float]:
+    """The best of several _cpu_limits measurements, each figure on its own: a roof is what the CPU can do,
+    and a shared machine's other work only lowers a measurement."""
+    return max(b for b, _ in limits), max(p for _, p in limits)
+
+
+def _decode_roof_ms(model, batch: int, context: float, bandwidth: float, peak: float) -> tuple[float, float]:
+    """A decode step's two floors, ms: every weight and the K/V cache read once (`_roof_ms`), and its matmul
+    and attention FLOPs at `peak` (`_decode_flops_per_token`); its roof is the larger."""
+    return (_roof_ms(model, batch, context, bandwidth),
+            batch * _decode_flops_per_token(model, context) / peak * 1e3)
+
+
+def _prefill_roof_ms(model, batch: int, T: int, bandwidth: float, peak: float) -> tuple[float, float]:
+    """A prefill's two floors, ms, for `batch` fresh rows of T tokens: every weight read and the K/V cache
+    written once; a forward's FLOPs (a third of `_train_flops`' forward + backward) with lm_head at the last
+    position of each row only, as Session.prefill computes it."""
+    last = torch.zeros(batch, T, dtype=torch.bool)
+    last[:, -1] = True
+    return _roof_ms(model, batch, T, bandwidth), _train_flops(model, last) / 3 / peak * 1e3
 
 
 def _quiet_transformers():
@@ -125,6 +189,9 @@ def _hf_model(path, dtype=torch.float32):
 
 
 CPU_DECODE_TARGETS = {"float32": 1.5, "bfloat16": 2.0}   # generate's speed, x transformers', on a CPU
+# against the CPU's own limits, at SmolLM2's shape in _native_dtype: a decode step at batch 16 at most this many
+# times its roof; the update's forward + backward at least this share (%) of the measured matmul peak
+CPU_ROOF_TARGET, CPU_TRAIN_MFU_TARGET = 2.0, 35.0
 
 
 def bench_generate(a):
@@ -142,28 +209,59 @@ def bench_generate(a):
     with torch.no_grad():
         hf.generate(prompts[:2, :8], attention_mask=torch.ones(2, 8, dtype=torch.long), max_new_tokens=4,
                     do_sample=True, top_k=0)
-    t_ours, t_hf = [], []
+    c = ours.config
+    kv_bytes = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (a.prompt + a.new) * a.batch
+    step_bytes = (ours.num_params() + kv_bytes) * ours.dtype.itemsize
+    t_ours, t_hf, first_ours, first_hf, limits = [], [], [], [], []
     for _ in range(a.reps):   # alternated, each side's median: a shared machine drifts by 10-20% between runs
         out, dt = _timed(lambda: generate(ours, prompts.tolist(), a.new, Sampling(1.0), seed=0))
         t_ours.append(dt)
         assert all(len(s.tokens) == a.new for s in out)
+        first_ours.append(_timed(lambda: generate(ours, prompts.tolist(), 1, Sampling(1.0), seed=0))[1])
         with torch.no_grad():
             ref, dt = _timed(lambda: hf.generate(prompts, attention_mask=torch.ones_like(prompts),
                                                  max_new_tokens=a.new, min_new_tokens=a.new, do_sample=True,
                                                  temperature=1.0, top_k=0, top_p=1.0))
-        t_hf.append(dt)
-        assert ref.shape == (a.batch, a.prompt + a.new)
+            t_hf.append(dt)
+            assert ref.shape == (a.batch, a.prompt + a.new)
+            first_hf.append(_timed(lambda: hf.generate(prompts, attention_mask=torch.ones_like(prompts),
+                                                       max_new_tokens=1, do_sample=True, top_k=0))[1])
+        limits.append(_cpu_limits(step_bytes, dtype))   # between the sides' runs, as loaded as they were
+    bandwidth, peak = _best_limits(limits)
     t_ours, t_hf = statistics.median(t_ours), statistics.median(t_hf)
+    first_ours, first_hf = statistics.median(first_ours), statistics.median(first_hf)
+    # a 1-token generate is the prefill and one draw; the other a.new - 1 steps are decode steps
+    step_ours, step_hf = ((t - t1) / (a.new - 1) * 1e3 for t, t1 in ((t_ours, first_ours), (t_hf, first_hf)))
+    pre_bytes, pre_flops = _prefill_roof_ms(ours, a.batch, a.prompt, bandwidth, peak)
+    dec_bytes, dec_flops = _decode_roof_ms(ours, a.batch, a.prompt + a.new / 2, bandwidth, peak)
+    pre_roof, dec_roof = max(pre_bytes, pre_flops), max(dec_bytes, dec_flops)
+    t_roof = (pre_roof + (a.new - 1) * dec_roof) / 1e3
     n = a.batch * a.new
     print(f"generate  batch {a.batch} x prompt {a.prompt} + {a.new} sampled tokens (prefill included), median of "
-          f"{a.reps}")
-    print(f"  ours          {n / t_ours:9.1f} tok/s  ({t_ours:.2f} s)")
-    print(f"  transformers  {n / t_hf:9.1f} tok/s  ({t_hf:.2f} s)")
+          f"{a.reps}; roof = the larger of the bytes read at the measured read bandwidth and the matmul FLOPs at "
+          f"the measured {a.dtype} matmul peak (each the best of {a.reps}, measured between the runs)")
+    print(f"  limits        read {bandwidth / 1e9:.1f} GB/s (a sum over {step_bytes / 2**20:.0f} MiB, the weights "
+          f"and the full cache), matmul 2048^3 {a.dtype} {peak / 1e9:.0f} GFLOP/s")
+    print(f"  ours          {n / t_ours:9.1f} tok/s  ({t_ours:.2f} s)   {t_ours / t_roof:5.2f}x its roof "
+          f"({n / t_roof:.1f} tok/s, {t_roof:.2f} s)")
+    print(f"  transformers  {n / t_hf:9.1f} tok/s  ({t_hf:.2f} s)   {t_hf / t_roof:5.2f}x the roof")
     print(f"  ratio         {t_hf / t_ours:9.2f} x")
-    if a.shape == "smollm2" and a.batch == 16 and a.dtype in CPU_DECODE_TARGETS:
-        target = CPU_DECODE_TARGETS[a.dtype]
-        print(f"  target        >= {target:g}x transformers at SmolLM2's shape, batch 16, {a.dtype}: "
-              f"{'met' if t_hf / t_ours >= target else 'MISSED'}")
+    print(f"  prefill ms    ours {first_ours * 1e3:8.1f}, transformers {first_hf * 1e3:8.1f} (a 1-token generate); "
+          f"roof {pre_roof:7.1f} (bytes {pre_bytes:.1f}, FLOPs {pre_flops:.1f}): ours "
+          f"{first_ours * 1e3 / pre_roof:.2f}x")
+    print(f"  decode ms     ours {step_ours:8.2f}, transformers {step_hf:8.2f} a step ((generate - 1-token generate) "
+          f"/ {a.new - 1}); roof {dec_roof:6.2f} (bytes {dec_bytes:.2f}, FLOPs {dec_flops:.2f}, mean context "
+          f"{a.prompt + a.new / 2:g}): ours {step_ours / dec_roof:.2f}x, transformers {step_hf / dec_roof:.2f}x")
+    native = a.dtype == _native_dtype()
+    if a.shape == "smollm2" and a.batch == 16:
+        if native:
+            met = step_ours <= CPU_ROOF_TARGET * dec_roof
+            print(f"  target        decode step <= {CPU_ROOF_TARGET:g}x its roof at SmolLM2's shape, batch 16, "
+                  f"{a.dtype}: {step_ours / dec_roof:.2f}x, {'MET' if met else 'MISSED'}")
+        if a.dtype == "float32" or native:   # bf16's target is set where the CPU computes bf16 natively
+            target = CPU_DECODE_TARGETS[a.dtype]
+            print(f"  target        >= {target:g}x transformers at SmolLM2's shape, batch 16, {a.dtype}: "
+                  f"{t_hf / t_ours:.2f}x, {'MET' if t_hf / t_ours >= target else 'MISSED'}")
 
     # multi-turn: KV reuse vs re-prefilling the whole history each turn (both with our generate)
     B, T = a.session_batch, a.turns
@@ -250,42 +348,67 @@ def _logprob_step(side: str, model, tokens, mask):
 
 
 def _train_one(a):
-    """One side of the train benchmark, in its own process (so the peaks don't mix): prints JSON
-    {seconds, peak_mb}."""
+    """One side of the train benchmark, in its own process (so the peaks don't mix): prints JSON {seconds (the
+    fastest of a.steps), median (of the steps after the first), peak_mb, flops}. bfloat16 is the update's: fp32
+    masters under autocast."""
     from model import Transformer
     torch.manual_seed(0)
-    model = Transformer.from_pretrained(a.ckpt) if a.side == "ours" else _hf_model(a.ckpt).train()
+    model = (Transformer.from_pretrained(a.ckpt, dtype=torch.float32) if a.side == "ours"
+             else _hf_model(a.ckpt).train())
     tokens, mask = _train_batch(model.config.vocab_size, a.batch, a.seq)
     step = _logprob_step(a.side, model, tokens, mask)
+    if a.dtype == "bfloat16":
+        fp32_step = step
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                fp32_step()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    _, dt = _timed(step)
+    times = [_timed(step)[1]]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    model.zero_grad(set_to_none=True)
-    _, dt2 = _timed(step)
-    print(json.dumps({"seconds": min(dt, dt2), "peak_mb": (peak - base) / 1024}))
+    for _ in range(a.steps - 1):
+        model.zero_grad(set_to_none=True)
+        times.append(_timed(step)[1])
+    flops = _train_flops(model, mask) if a.side == "ours" else None
+    print(json.dumps({"seconds": min(times), "median": statistics.median(times[1:] or times),   # past set-up
+                      "peak_mb": (peak - base) / 1024, "flops": flops}))
 
 
 def bench_train(a):
-    path = _checkpoint(a.ckpt)
-    res = {}
+    path = _checkpoint(a.ckpt, a.shape)
+    res, limits = {}, []
     for side in ("ours", "hf"):
         cmd = [sys.executable, os.path.abspath(__file__), "_train_one", "--side", side, "--ckpt", path,
-               "--batch", str(a.batch), "--seq", str(a.seq), "--threads", str(a.threads)]
+               "--batch", str(a.batch), "--seq", str(a.seq), "--threads", str(a.threads), "--dtype", a.dtype,
+               "--steps", str(a.steps)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"{side} side failed:\n{out.stderr[-2000:]}")
         res[side] = json.loads(out.stdout.strip().splitlines()[-1])
+        limits.append(_cpu_limits(2**28, getattr(torch, a.dtype)))   # after each side, as loaded as it was
+    _, peak = _best_limits(limits)
     o, h = res["ours"], res["hf"]
-    print(f"train  log-probs forward + backward, batch {a.batch} x {a.seq} tokens (fp32, "
-          f"{a.threads} threads); memory = growth of peak RSS during the step")
+    print(f"train  log-probs forward + backward, batch {a.batch} x {a.seq} tokens, {a.shape} shape ({a.dtype}"
+          f"{', fp32 masters under autocast' if a.dtype == 'bfloat16' else ''}, {a.threads} threads; {_cpu_kind()}); "
+          f"memory = growth of peak RSS during the first step; time the fastest of {a.steps} steps, MFU at the "
+          "median step after the first and at the fastest")
     print(f"  ours (token_logprobs)            {o['seconds']:7.2f} s   peak +{o['peak_mb']:8.1f} MB")
     print(f"  transformers (logits + gather)   {h['seconds']:7.2f} s   peak +{h['peak_mb']:8.1f} MB")
     print(f"  ratio (theirs / ours)            {h['seconds'] / o['seconds']:7.2f} x time, "
           f"{h['peak_mb'] / max(o['peak_mb'], 1e-9):.2f} x memory")
+    # MFU against what this CPU's matmul does (the best of 2, one after each side); one model, so one FLOP count
+    mfu = {side: (_mfu(o["flops"], r["median"], peak), _mfu(o["flops"], r["seconds"], peak)) for side, r in res.items()}
+    print(f"  MFU           model FLOPs {o['flops'] / 1e12:.3g} T a step (`_train_flops`: padding counted, lm_head at "
+          f"the scored tokens); matmul 2048^3 {a.dtype} {peak / 1e9:.0f} GFLOP/s; median / best step: ours "
+          f"{mfu['ours'][0]:.1f}% / {mfu['ours'][1]:.1f}%, transformers {mfu['hf'][0]:.1f}% / {mfu['hf'][1]:.1f}%")
+    if a.shape == "smollm2" and a.dtype == _native_dtype():
+        print(f"  target        the update's MFU >= {CPU_TRAIN_MFU_TARGET:g}% of the measured matmul at SmolLM2's "
+              f"shape, {a.dtype}, median step: {mfu['ours'][0]:.1f}%, "
+              f"{'MET' if mfu['ours'][0] >= CPU_TRAIN_MFU_TARGET else 'MISSED'}")
 
 
 # ---------------------------------------------------------------------------------------------------------
-# bank: search latency against a numpy brute force; what a background writer costs concurrent readers
+# bank: search latency against a numpy brute force
 
 def _filled(n, d, rng):
     from bank import ExperienceBank
@@ -321,78 +444,8 @@ def bench_search(sizes, d=384, nq=32, k=1, reps=100):
               f"{ref[0] / ours[0]:>10.2f}x")
 
 
-class _NoEmbed:
-    """The writer's keys are precomputed; this bench measures the bank, not the embedder."""
-    dim = 384
-
-    def __call__(self, texts):
-        raise RuntimeError("not used")
-
-
-def bench_writer_overhead(n=20000, d=384, readers=2, seconds=2.0, ops_per_job=3):
-    from bank import ExperienceManager, Operation
-    rng = np.random.default_rng(1)
-    bank, keys = _filled(n, d, rng)
-    pool = torch.from_numpy(keys[:512].copy())
-    q = torch.from_numpy(keys[512:544].copy())
-
-    def run_readers(stop):
-        lat = []
-
-        def reader():
-            mine = []
-            while not stop.is_set():
-                mine.append(_timed(lambda: bank.search("room", q, 1))[1])
-            lat.extend(mine)
-        threads = [threading.Thread(target=reader) for _ in range(readers)]
-        for t in threads:
-            t.start()
-        return threads, lat
-
-    stop = threading.Event()
-    threads, alone = run_readers(stop)
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-
-    mgr = ExperienceManager(bank, _NoEmbed())
-    stop, applied = threading.Event(), [0]
-    threads, with_writer = run_readers(stop)
-    t_end = time.perf_counter() + seconds
-    i = 0
-
-    # what one distillation produces, a few adds and a merge of recent entries, applied on the manager's thread
-    # (the manager hands a job's result back and applies nothing, so the job applies its own operations)
-    def job(i):
-        ops = [Operation("add", "room", f"new {i}.{j}", key=pool[(i + j) % 512], source=i, step=i)
-               for j in range(ops_per_job - 1)]
-        ops.append(Operation("update", "room", f"merged {i}", ids=(n + 2 * i - 2, n + 2 * i - 1),
-                             key=pool[i % 512], source=i, step=i))
-        applied[0] += len(ops)
-        mgr.apply(ops)
-    jobs = []
-    while time.perf_counter() < t_end:
-        jobs.append(mgr.submit(job, i))
-        i += 1
-        time.sleep(0.001)   # ~1000 distillations/s: far more than an extractor produces
-    for done in jobs:
-        done.result()
-    stop.set()
-    for t in threads:
-        t.join()
-    mgr.close()
-    a, w = _pct(alone), _pct(with_writer)
-    print(f"writer overhead: {readers} reader threads, {n} entries, 32 queries per search")
-    print(f"  searches alone:            p50 {a[0]:.2f}ms  p99 {a[1]:.2f}ms  ({len(alone) / seconds:.0f}/s)")
-    print(f"  with background writer:    p50 {w[0]:.2f}ms  p99 {w[1]:.2f}ms  ({len(with_writer) / seconds:.0f}/s), "
-          f"{applied[0] / seconds:.0f} ops/s applied")
-    print(f"  overhead: p50 x{w[0] / a[0]:.2f}, p99 x{w[1] / a[1]:.2f}")
-
-
 def bench_bank(a):
     bench_search([int(s) for s in a.sizes.split(",")], reps=a.reps)
-    bench_writer_overhead(seconds=a.seconds)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -567,13 +620,15 @@ def _random_checkpoint(shape: dict, path: str, arch: str = "qwen2"):
     model(config(**shape, eos_token_id=None, bos_token_id=None, pad_token_id=0)).to(torch.bfloat16).save_pretrained(path)
 
 
-def _copy_bandwidth(device, n_bytes: int, reps=20) -> float:
-    """Bytes/s of a device-to-device copy, counting the bytes read and the bytes written: the memory roof."""
+def _copy_bandwidth(device, n_bytes: int, reps=20, read: bool = False) -> float:
+    """Bytes/s of a device-to-device copy, counting the bytes read and the bytes written: the memory roof. With
+    `read`, of a sum over the n_bytes instead (reads only: on a CPU a copy's writes cost more than its reads)."""
     src = torch.randn(n_bytes // 4, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    _, dt = _timed(lambda: [dst.copy_(src) for _ in range(reps)], torch.device(device).type == "cuda")
-    return 2 * n_bytes * reps / dt
+    work = src.sum if read else lambda: dst.copy_(src)
+    work()
+    _, dt = _timed(lambda: [work() for _ in range(reps)], torch.device(device).type == "cuda")
+    return (1 if read else 2) * n_bytes * reps / dt
 
 
 def _roof_ms(model, batch: int, context: float, bandwidth: float) -> float:
@@ -639,9 +694,9 @@ def _train_figures(flops: float, seconds: list, positions: int, real: int, peaks
     return out
 
 
-def _matmul_flops(n: int, device, reps=20) -> float:
-    """FLOP/s of an n^3 bf16 torch.matmul: the practical peak the decode figure is a share of."""
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+def _matmul_flops(n: int, device, reps=20, dtype=torch.bfloat16) -> float:
+    """FLOP/s of an n^3 torch.matmul in `dtype`: the practical peak the decode figure is a share of."""
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     for _ in range(3):
         a @ b
     _, dt = _timed(lambda: [a @ b for _ in range(reps)], torch.device(device).type == "cuda")
@@ -950,6 +1005,11 @@ def parse_args(argv=None):
         s.add_argument("--batch", type=int, default=16)
         if name != "generate":
             s.add_argument("--seq", type=int, default=512, help="sequence length")
+            s.add_argument("--shape", choices=["qwen3-25m", "smollm2"], default="qwen3-25m",
+                           help="the random checkpoint: a ~25M Qwen3, or SmolLM2-135M's shape (the preset's actor)")
+            s.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                           help="compute: fp32, or bf16 under autocast on fp32 masters (the update's)")
+            s.add_argument("--steps", type=int, default=2, help="timed steps per side (the first also measures memory)")
         if train_one:
             s.add_argument("--side", choices=["ours", "hf"], default="ours")
         return s
@@ -969,10 +1029,9 @@ def parse_args(argv=None):
     model_parser("train", "token_logprobs fwd+bwd vs transformers' logits + gather: time and peak memory")
     model_parser("_train_one", None, train_one=True)  # hidden: one side of `train`, in a fresh process
 
-    b = sub.add_parser("bank", help="bank search vs numpy brute force; background-writer overhead")
+    b = sub.add_parser("bank", help="bank search vs numpy brute force")
     b.add_argument("--sizes", default="1000,20000,100000", help="comma-separated bank sizes")
     b.add_argument("--reps", type=int, default=100, help="timed searches per size (a quarter above 20k)")
-    b.add_argument("--seconds", type=float, default=2.0, help="duration of each writer-overhead phase")
     b.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave as is)")
 
     e = sub.add_parser("env", help="text env steps/s vs the raw MiniHack env; Sokoban steps/s; an iteration's "

@@ -429,6 +429,23 @@ def test_train_figures_are_the_median_first_against_both_peaks_with_real_tokens(
     assert bench._mfu(18.67e12, 47.98e-3, 790e12) == pytest.approx(49.26, abs=0.01)   # not 59.6
 
 
+def test_cpu_roofs_are_the_larger_of_bytes_and_flops_on_hand_computed_numbers():
+    """A 2-layer Llama (hidden 8, 2 heads of 4, 1 kv head, MLP 16, vocab 100, tied): 1,152 block matmul weights,
+    lm_head 800, 1,992 parameters in all. At 1 MB/s and 1 MFLOP/s, decode at batch 2 over 10 positions reads
+    (1,992 + 320 cached) x 4 bytes, 9.248 ms, against 2 x (2 x 1,952 + 640 attention) FLOPs, 9.088 ms; a prefill
+    of 2 x 10 tokens does 20 x (2 x 1,152 + 320) + 2 x 2 x 800 FLOPs (lm_head at the last tokens), 55.68 ms."""
+    from model import ModelConfig, Transformer
+    model = Transformer(ModelConfig(architecture="LlamaForCausalLM", vocab_size=100, hidden_size=8,
+                                    intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                    num_key_value_heads=1, head_dim=4))
+    assert model.num_params() == 1992
+    assert bench._decode_roof_ms(model, 2, 10, 1e6, 1e6) == pytest.approx((9.248, 9.088))
+    assert bench._prefill_roof_ms(model, 2, 10, 1e6, 1e6) == pytest.approx((9.248, 55.68))
+    assert bench._best_limits([(1.0, 5.0), (3.0, 2.0)]) == (3.0, 5.0)   # each figure's best on its own
+    text = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512f amx_tile\n\nprocessor\t: 1\n"
+    assert bench._cpuinfo(text) == ("Some CPU", ["avx2", "avx512f"])
+
+
 def test_train_batch_is_seeded_and_its_real_tokens_are_the_unpadded_positions():
     """The bench's batch no longer depends on the global RNG (three H200 calls timed three batches); the
     real tokens of it are the scored ones plus each row's unscored first eighth."""
