@@ -714,9 +714,8 @@ def test_vault_reveal_names_the_door_after_a_loss_only():
     obs, *_ = _episode(envs.make("vault"), 3, ["east", "south", "west"])
     lines = [("environment", o) for o in obs] + [("agent", "The north door of the peach misty newt vault opens")]
     assert "would have" not in obs[-1] and envs.vault_shown_door(lines) is None
-    # the revealing vault is a task of its own (the pool's old option still reveals the plain vault, for now)
+    # the revealing vault is a task of its own
     assert envs.EnvPool().take("vault-reveal").reveal and not envs.EnvPool().take("vault").reveal
-    assert envs.EnvPool(vault_reveal=True).take("vault").reveal
 
 
 def _vault_digest(task, **kw) -> str:

@@ -211,7 +211,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
         p = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True)
         assert p.returncode != 0 and "Traceback" not in p.stderr
         return p.stderr.strip().splitlines()[-1]
-    assert "unknown task nethack" in run("--tasks", "nethack") and "room" in run("--tasks", "nethack")
+    assert "unknown task 'nethack'" in run("--tasks", "nethack") and "room" in run("--tasks", "nethack")
     assert "not found" in run("--actor", str(tmp_path / "nope"), "--out", str(tmp_path / "a"))
     out = tmp_path / "b"
     out.mkdir()

@@ -58,7 +58,9 @@ def test_rollouts_with_workers_equal_rollouts_without():
 
 def test_a_failing_game_fails_the_call_with_the_workers_traceback():
     workers = envs.GameWorkers(2)
-    with pytest.raises(RuntimeError, match="unknown task 'nope'"):
+    with pytest.raises(ValueError, match="unknown task 'nope'"):   # refused before a worker is asked
         workers.make("nope")
+    with pytest.raises(RuntimeError, match="vault needs tries >= 1"):   # raised in the worker, its traceback here
+        workers.make("vault", tries=0)
     game = workers.make("sokoban")   # the workers still answer after a failure
     assert "box" in game.reset(seed=1)
