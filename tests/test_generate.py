@@ -509,3 +509,14 @@ def test_decode_graphs_default_to_cuda_and_the_main_thread():
     thread.start()
     thread.join()
     assert default_on(cuda) and not default_on(torch.device("cpu")) and seen == [False]
+
+
+def test_draw_at_the_top_end_takes_the_last_token_with_mass(monkeypatch):
+    """A uniform number that rounds up to the total mass finds no cumulative probability above it: the draw
+    takes the last token with nonzero mass, not one past the vocabulary (on a CPU it looks for that case only
+    when it happens); below the end the draw is untouched."""
+    import sampling
+    z = torch.tensor([[0.0, 0.0, float("-inf"), float("-inf")], [0.0, float("-inf"), 0.0, float("-inf")]])
+    monkeypatch.setattr(sampling.torch, "rand", lambda n, _, **k: torch.tensor([[1.0], [0.25]]))
+    tok, logp = sampling.draw(z, greedy=False)
+    assert tok.tolist() == [1, 0] and logp.tolist() == pytest.approx([math.log(0.5)] * 2)
