@@ -16,6 +16,7 @@ import torch
 
 import crl
 import envs
+import reproduce
 import train
 from bank import ExperienceBank, Operation
 from model import load_tokenizer
@@ -601,3 +602,33 @@ def test_gpu_profile_runs_on_cpu_and_counts_failed_trials(capsys, monkeypatch):
     gpu_profile.threads(tiny_model(seed=0), a, torch.device("cpu"))
     out = capsys.readouterr().out
     assert "the other thread eager: 3 of 3 trials failed" in out and "capture invalidated" in out
+
+
+def test_curves_pair_by_seed_and_find_the_first_evaluation_at_a_level(tmp_path):
+    """probes.curves on a hand-made grid of two seeds: the curve's mean and 95% interval (t over 1 degree of freedom:
+    12.706 * sd / sqrt(2)), each mode − GRPO paired by seed at the early and the last evaluation, exp − noexp, and the
+    first evaluation each seed reaches the level; a panel of its own for the control."""
+    from probes import curves
+    vals = {("grpo", 0): [0.2, 0.5, 0.9], ("grpo", 1): [0.4, 0.5, 0.7],
+            ("oracle", 0): [0.6, 1.0, 1.0], ("oracle", 1): [0.8, 0.9, 1.0]}
+    for (mode, seed), xs in vals.items():
+        os.makedirs(tmp_path / "vault-family" / f"{mode}-seed{seed}")
+        with open(tmp_path / "vault-family" / f"{mode}-seed{seed}" / "metrics.jsonl", "w") as f:
+            for step, x in zip((0, 25, 50), xs):
+                f.write(json.dumps({"step": step, "eval/vault-family/success_noexp": x - 0.1,
+                                    "eval/vault-family/success_exp": x,
+                                    "eval/vault-family/control/success_noexp": 0.375}) + "\n")
+                f.write(json.dumps({"step": step + 1, "train/vault-family/success_noexp": 0.0}) + "\n")
+    text = curves.report(str(tmp_path), "vault-family", level=0.9, early=25)
+    held, control = text.split("## control")
+    # grpo's curve is its noexp: at 0 the mean of 0.1 and 0.3, sd 0.1414
+    assert "| 0 | " in held and f"0.200 ± {12.706 * 0.1414214 / math.sqrt(2):.3f} (2)" in held
+    # oracle exp − grpo: at 25 (1.0 - 0.4, 0.9 - 0.4) = 0.6, 0.5; at 50 (1.0 - 0.8, 1.0 - 0.6) = 0.2, 0.4
+    diff25, diff50 = reproduce.mean_ci([0.6, 0.5]), reproduce.mean_ci([0.2, 0.4])
+    assert (f"- oracle exp − grpo, paired by seed: at 25 {reproduce.fmt(*diff25)} (2 seeds); at 50 "
+            f"{reproduce.fmt(*diff50)} (2 seeds)") in held
+    assert "- oracle exp − noexp at 50, paired by seed: 0.100 ± 0.000 (2 seeds)" in held
+    # oracle exp reaches 0.9 at 25 (seed 0: 1.0; seed 1: 0.9); grpo noexp (0.8, 0.6 at 50) never does
+    assert "- oracle exp: first evaluation at ≥ 0.9: 25.000 ± 0.000 in 2 of 2 seeds" in held
+    assert "- grpo noexp: first evaluation at ≥ 0.9: never, in 2 seeds" in held
+    assert "| 50 | 0.375 ± 0.000 (2) |" in control
