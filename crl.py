@@ -64,14 +64,14 @@ authors' released code where the paper does not state it."""
 import functools
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 import envs
 import parallel
-from bank import BankConfig, Operation
+from bank import BankConfig, ExperienceManager, Operation
 from hf import encode_chat, next_turn_tokens
 from model import Session, generate
 from sampling import Sampling
@@ -1161,27 +1161,22 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
     contrast (metrics.paired_contrast), the same-instance share of retrieval and the share of instances the
     extractor wrote a lesson for (the rest answered NONE)."""
     specs, out = held_out_specs(run, tasks, instances), {}
-    bank, counters, timer = (run.manager.bank if run.manager else None), run.counters, run.timer
-    run.counters, run.timer = {k: 0 for k in ("parse_failures", "operations")}, {"extractor": 0.0}
-    try:
-        if bank is not None:
-            run.manager.bank = bank.copy(empty=True)
-        for a in range(1, attempts + 1):
-            eps = play_held_out(run, specs, EVAL_STEP + a)
-            metrics = {**success_metrics(eps, "attempts"), **paired_contrast(eps, "attempts"),
-                       **same_instance(eps, "attempts", EVAL_STEP + a - 1 if a > 1 else None)}
-            out.update({f"{k}_{a}": v for k, v in metrics.items()})
-            if bank is not None and a < attempts:
-                rng = (seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
-                       if run.extractor else None)
-                with parallel.full_weights(run, actor=False):
-                    ops = distill(run, [e for e in eps if e.with_exp], EVAL_STEP + a, rng, record=False)
-                out[f"attempts/wrote_{a}"] = wrote_share(eps, ops)
-                apply_everywhere(run, ops)
-    finally:
-        if bank is not None:
-            run.manager.bank = bank
-        run.counters, run.timer = counters, timer
+    # a scratch copy of the run: its own counters and timer, and a manager over an empty copy of the bank
+    manager = run.manager and ExperienceManager(run.manager.bank.copy(empty=True), run.manager.embedder, sync=True)
+    run = replace(run, manager=manager, counters={k: 0 for k in ("parse_failures", "operations")},
+                              timer={"extractor": 0.0})
+    for a in range(1, attempts + 1):
+        eps = play_held_out(run, specs, EVAL_STEP + a)
+        metrics = {**success_metrics(eps, "attempts"), **paired_contrast(eps, "attempts"),
+                   **same_instance(eps, "attempts", EVAL_STEP + a - 1 if a > 1 else None)}
+        out.update({f"{k}_{a}": v for k, v in metrics.items()})
+        if manager is not None and a < attempts:
+            rng = (seeded_generator(run.extractor.device, run.seed, EVAL_STEP + a, rank(), EXTRACTOR_SAMPLING)
+                   if run.extractor else None)
+            with parallel.full_weights(run, actor=False):
+                ops = distill(run, [e for e in eps if e.with_exp], EVAL_STEP + a, rng, record=False)
+            out[f"attempts/wrote_{a}"] = wrote_share(eps, ops)
+            apply_everywhere(run, ops)
     return out
 
 
@@ -1201,12 +1196,10 @@ def held_out_specs(run, tasks: list[str], episodes: int) -> list[tuple]:
 
 def play_held_out(run, specs: list[tuple], noise_step: int) -> list[Episode]:
     """Play held-out episodes `eval_batch` at a time, the bank read-only, the noise seeded as at `noise_step`."""
-    timer = run.timer
-    run.timer = {k: 0.0 for k in ("generate", "env", "extractor")}
+    run = replace(run, timer={k: 0.0 for k in ("generate", "env", "extractor")})   # training's untouched
     rng = seeded_generator(run.actor.device, run.seed, noise_step, rank(), EVAL_SAMPLING)
     eps, n = [], run.cfg.eval_batch
     with parallel.full_weights(run):
         for i in range(0, len(specs), n):
             eps += rollout(run, specs[i:i + n], rng, run.cfg.temperature, train=False)
-    run.timer = timer
     return eps
