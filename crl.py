@@ -1164,7 +1164,7 @@ def evaluate_attempts(run, tasks: list[str], instances: int, attempts: int) -> d
     # a scratch copy of the run: its own counters and timer, and a manager over an empty copy of the bank
     manager = run.manager and ExperienceManager(run.manager.bank.copy(empty=True), run.manager.embedder, sync=True)
     run = replace(run, manager=manager, counters={k: 0 for k in ("parse_failures", "operations")},
-                              timer={"extractor": 0.0})
+                  timer={"extractor": 0.0})
     for a in range(1, attempts + 1):
         eps = play_held_out(run, specs, EVAL_STEP + a)
         metrics = {**success_metrics(eps, "attempts"), **paired_contrast(eps, "attempts"),
