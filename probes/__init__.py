@@ -10,6 +10,8 @@ pool_lessons) were retired after f2e927f: their records rebuild from that commit
     merge_cost      one whole-bank merge pass at a run's bank size, timed
     random_play     a task's floor: success of a random valid action each turn on held-out instances
     gpu_profile     where a GPU's time goes: the training and decode steps kernel by kernel; two threads decoding
+    retrieval       retrieval precision before any RL: does the bank serve a vault a lesson of its family?
+    curves          a grid's held-out curves by mode and panel: how fast each mode gets there, paired by seed
 
 The finished vault study's probes are in probes/vault/ (`python -m probes.vault.NAME`, listed there; before
 2026-12-01 they were `probes.NAME`).
