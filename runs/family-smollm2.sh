@@ -8,7 +8,9 @@
 # Usage, from anywhere: bash runs/family-smollm2.sh [ROOT]   writes ROOT/family-smollm2/ (default ROOT: runs/rebuild)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-runs/rebuild}/family-smollm2/pilot/grpo-f8-seed0
+F=${F:-8}   # F=4, F=2: the same pilot on vault-family4, vault-family2
+TASK=vault-family$([ "$F" = 8 ] || echo "$F")
+OUT=${1:-runs/rebuild}/family-smollm2/pilot/grpo-f$F-seed0
 RESUME=$([ -e "$OUT/args.json" ] && echo --resume || true)
-python train.py --tasks vault-family --actor smollm2 --extractor smollm2 --mode grpo --groups 4 --lesson-prior 25 \
+python train.py --tasks "$TASK" --actor smollm2 --extractor smollm2 --mode grpo --groups 4 --lesson-prior 25 \
     --iters 300 --eval-every 0 --final-eval-episodes 0 --save-every 30 --out "$OUT" $RESUME
