@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 86 at 135M, its first pilot (item 3): F on SmolLM2 GRPO's training curve. GRPO alone on vault-family (F = 8),
+# The family vault at 135M, its first pilot: F on SmolLM2 GRPO's training curve. GRPO alone on vault-family (F = 8),
 # SmolLM2-135M-Instruct as actor, taught to follow a lesson first (--lesson-prior 25, as every mode of the
 # comparison will be), 4 groups x 8, 300 iterations; read on training success only (`train/vault-family/
 # success_noexp`), never a held-out panel (none is played: --eval-every 0, no final evaluation). F stays 8 if it is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuilds results/family-tiny/: issue 86's comparison at the tiny models' scale, on vault-family (F = 8 families, a
+# Rebuilds results/family-tiny/: the paper's claim (lessons carry to vaults never seen) at the tiny models' scale, on vault-family (F = 8 families, a
 # family's door shared by all its vaults): grpo (no bank), the oracle (static with the scripted extractor, every
 # lesson right) and crl (the tiny extractor trained by CISPO, a lesson one action word), seeds 0-4, 150 iterations each, every mode's actor
 # first taught to follow a lesson (--lesson-prior 300, the same init per seed in every mode); held-out panels
