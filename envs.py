@@ -995,7 +995,7 @@ class Vault(Task):
 
 
 # The family vault's families. Seen, with their doors: in the order the variants take them (vault-familyF trains on
-# the first F), so the seen doors are balanced for F = 2, 4, 8, 16 (distinct up to 8, each twice at 16). Control:
+# the first F), so the seen doors are balanced for F = 2, 4, 6, 8, 16 (distinct up to 8, each twice at 16). Control:
 # never drawn in training, each vault's door its name's own secret (vault_secret), so nothing, in weights or in a
 # lesson of the seen family a control name resembles, tells it (fixed doors made a served lesson right 0.4% to 12%
 # of the time, by which seen family was nearest). Words chosen greedily for the least cosine between families'
@@ -1035,6 +1035,7 @@ def control_door(name: str) -> str | None:
 @task("vault-family", families=8)
 @task("vault-family2", families=2)
 @task("vault-family4", families=4)
+@task("vault-family6", families=6)
 @task("vault-family16", families=16)
 class VaultFamily(Vault):
     """The vault, each named by one of 24 families and a serial number; a seen family fixes the door (a control
