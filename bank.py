@@ -13,7 +13,8 @@ its model checkpoints (which it makes durable: the bank's files are plain files)
 - `ExperienceBank`: entries partitioned by task; a task's keys are one matrix, so a search is one matmul +
   top-k followed by a small diversity re-rank. Thread-safe on its own: one lock around every public
   method, and a list of operations is applied atomically.
-- bank_store.py: its save, load and copy (`Persistence`, which ExperienceBank inherits).
+- bank_store.py: its save, load and copy (`Persistence`, which ExperienceBank inherits); bank_merge.py: the
+  rolling merge's chain of lists (`MergeChain`, which crl.merge_pass drives).
 - `ExperienceManager`: the bank with the embedder that keys it (embedder.Embedder in training; any callable
   texts -> [N, dim] L2-normalised vectors will do). It searches on the caller's thread (one embedding call
   and one bank search), and owns the one background thread distillation runs on (parallel.Distillation

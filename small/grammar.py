@@ -89,7 +89,7 @@ class Cursor:
 def operation_heads(tok, shown: int, merge: bool = False, plans: tuple = (), none: bool = True) -> Constraint:
     """For a tiny extractor: the operation head is constrained; the lesson after it is free text, or, given
     `plans` (the lesson grammar, see `lesson_plans`), exactly one of them and the end of the reply. A merge's
-    reply is the new list of one lesson (crl.MergeChain): all shown merged into one (`UPDATE 1,...,n: `), or
+    reply is the new list of one lesson (bank_merge.MergeChain): all shown merged into one (`UPDATE 1,...,n: `), or
     one of them kept as it is (`KEEP i`, the rest dropped), or NONE (all left as they are)."""
     heads = [] if merge else ["ADD: "]
     if shown:

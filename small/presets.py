@@ -13,7 +13,7 @@ TINY = dict(lr=3e-4, extractor_lr=1e-3, groups=8, free_text=False, history=0, ma
             max_steps="room=10,maze=10", judge="none",   # a model trained from scratch never learns to judge: no verdict is trained
             dtype=None)   # not auto: fp32 on any CPU (the tiny results are fp32 runs), bf16 on CUDA
 # A constrained extractor's lessons are a few move words, and a merge keeps only items over 30 characters
-# [release] (crl.lasting): every merge would keep its chunk and only cost its calls, so the small extractors never
+# [release] (bank_merge.lasting): every merge would keep its chunk and only cost its calls, so the small extractors never
 # merge.
 TINY_EXTRACTOR = dict(extractor_free_text=False, merge_every=0)   # --extractor tiny
 # SMOLLM2 (--actor smollm2, the 135M instruct model), each value measured on a 2-core CPU (results/smollm2/): the

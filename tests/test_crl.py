@@ -13,6 +13,7 @@ import envs
 import metrics
 import vault_study
 from bank import ExperienceBank, ExperienceManager, Operation
+from bank_merge import lasting
 from model import load_tokenizer
 from test_bank import HashEmbedder
 from small.tiny import tiny_model
@@ -90,7 +91,7 @@ def test_distill_choice_alternates_successes_and_failures():
 
 
 def lesson(i: int) -> str:
-    """A bank entry's text, long enough for a merge to keep (crl.lasting: over 30 characters)."""
+    """A bank entry's text, long enough for a merge to keep (bank_merge.lasting: over 30 characters)."""
     return f"lesson {i}: try the door the last visit opened"
 
 
@@ -182,10 +183,10 @@ def test_a_merge_drops_short_items_and_stubs_and_a_reply_left_with_none_keeps_it
     of 2. Call 1 (100) merges entries 1 and 2 into `north` (dropped) and keeps entry 2: entry 1 is gone, entry
     2 carried. Call 2 (101) sees entries 3 and 4 and that lesson, and lists only a stub and `east`: nothing
     lasts, so its chunk stays as the bank holds it and call 1's list is written as call 1 left it."""
-    assert not crl.lasting("north") and not crl.lasting(" " + "x" * 30 + " ") and crl.lasting("x" * 31)
+    assert not lasting("north") and not lasting(" " + "x" * 30 + " ") and lasting("x" * 31)
     for stub in ("<the merged lesson goes here, in full>", "Your comprehensive knowledge of these doors",
                  "[placeholder for the merged lesson text]", "Second merged knowledge item, about doors"):
-        assert len(stub) > 30 and not crl.lasting(stub)
+        assert len(stub) > 30 and not lasting(stub)
     manager, ids, emb = merge_bank(4)
     monkeypatch.setattr(crl, "MERGE_SIZE", 2)
     run = tiny_run(manager, extractor_free_text=True)

@@ -101,7 +101,7 @@ def test_lesson_grammar_reply_is_never_cut():
 
 def test_a_constrained_merge_lists_one_lesson_or_none():
     """A small extractor's merge heads (small/grammar.py) under the lesson grammar: every whole reply it can
-    write is a list crl.MergeChain reads: all shown merged into one plan, one shown lesson kept, or NONE."""
+    write is a list bank_merge.MergeChain reads: all shown merged into one plan, one shown lesson kept, or NONE."""
     tok = load_tokenizer("tiny")
     heads = grammar.operation_heads(tok, 3, merge=True, plans=("east", "west"))
     replies = {tok.decode(c, skip_special_tokens=True) for c in heads.completions}
