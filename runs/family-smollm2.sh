@@ -8,7 +8,7 @@
 # Usage, from anywhere: bash runs/family-smollm2.sh [ROOT]   writes ROOT/family-smollm2/ (default ROOT: runs/rebuild)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-F=${F:-8}   # F=4, F=6: the same pilot on vault-family4, vault-family6
+F=${F:-8}   # F=4, F=6: the same pilot on vault-family4, vault-family6 (F = 6 chosen: README.md there)
 TASK=vault-family$([ "$F" = 8 ] || echo "$F")
 OUT=${1:-runs/rebuild}/family-smollm2/pilot/grpo-f$F-seed0
 RESUME=$([ -e "$OUT/args.json" ] && echo --resume || true)
