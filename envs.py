@@ -1036,6 +1036,7 @@ def control_door(name: str) -> str | None:
 @task("vault-family2", families=2)
 @task("vault-family4", families=4)
 @task("vault-family6", families=6)
+@task("vault-family6-reveal", families=6, reveal=True)
 @task("vault-family16", families=16)
 class VaultFamily(Vault):
     """The vault, each named by one of 24 families and a serial number; a seen family fixes the door (a control
@@ -1045,7 +1046,11 @@ class VaultFamily(Vault):
     Held out, two panels of distinct names, doors balanced (by family) in each: transfer (held_out_seeds), the
     held-out names of the F seen families; control (control_seeds), vaults of VAULT_CONTROL's eight families, doors
     balanced, which nothing carries to: the memoryless best there is 3/8. The text is the vault's, the instruction
-    too: the family's rule is for the learner to find (told, it would be false on the control)."""
+    too: the family's rule is for the learner to find (told, it would be false on the control).
+    `vault-family6-reveal`: F = 6 with the reveal (a lost episode's last observation names its door, as
+    `vault-reveal`), so a family's first lesson can come from a loss: without it a family whose episodes with lessons
+    were all served another family's door and lost never got a lesson of its own (results/family-smollm2/). An actor
+    without a bank plays it token for token as `vault-family6`: the reveal comes after its last move."""
 
     families = 8
     name_of = staticmethod(family_vault_name)

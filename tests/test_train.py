@@ -809,3 +809,17 @@ def test_the_recipe_dry_run_prints_the_committed_headline_cell(capsys):
     bookkeeping = {"out", "resume", "recipe", "dry_run", "eval_only", "tensorboard", "wandb", "dtype", "dtype_auto"}
     differ = {k for k in (set(printed) | set(saved)) - bookkeeping if printed.get(k) != saved.get(k)}
     assert differ == {k for k, (old, _) in rundir.RETIRED.items() if saved.get(k) == old}, differ
+
+
+def test_an_actor_without_a_bank_plays_the_revealing_family_vault_as_the_plain_one(tmp_path):
+    """GRPO on vault-family6-reveal is GRPO on vault-family6 value for value (the task's name apart): the reveal
+    comes after the last move, so no token an actor without a bank samples or trains on can see it; the GRPO pilot
+    on vault-family6 is then that task's too (results/family-smollm2/)."""
+    runs = {}
+    for task in ("vault-family6", "vault-family6-reveal"):
+        out = str(tmp_path / task)
+        train.main(["--tasks", task, "--mode", "grpo", *FAST, "--iters", "3", "--eval-every", "0",
+                    "--final-eval-episodes", "0", "--out", out])
+        runs[task] = [{k.replace(task, "TASK"): v for k, v in strip_times(m).items()} for m in read_metrics(out)]
+    assert runs["vault-family6"] == runs["vault-family6-reveal"] and len(runs["vault-family6"]) == 3
+    assert any(m["train/TASK/success_noexp"] < 1 for m in runs["vault-family6"])   # a loss, so a reveal, was played
