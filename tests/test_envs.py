@@ -852,7 +852,8 @@ def test_a_run_without_the_action_list_plays_the_same_webshop_episode_with_the_p
 
 # ------------------------------------------------------------------------------------------- Family vault
 
-FAMILY_TASKS = {"vault-family2": 2, "vault-family4": 4, "vault-family6": 6, "vault-family6-reveal": 6, "vault-family": 8, "vault-family16": 16}
+FAMILY_TASKS = {"vault-family2": 2, "vault-family4": 4, "vault-family6": 6, "vault-family6-reveal": 6,
+                "vault-family": 8, "vault-family16": 16}
 
 
 def test_family_vault_family_fixes_the_door_and_names_hold_no_door_word():
