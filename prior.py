@@ -2,7 +2,14 @@
 first move of a lesson in its prompt, and a pretrained one to move on once that move is played, before RL. Not in
 the paper; for the small models, which read lessons only after it: the fresh tiny actor, and SmolLM2-135M, which on
 the vault plays a one-door lesson 0.50 of the time (0.83-0.88 for the doors it opens unprompted, 0.17-0.24 for the
-others) and plays the lesson's door again once it is locked 0.74 of the time."""
+others) and plays the lesson's door again once it is locked 0.74 of the time.
+
+The prior is the same for every mode of a seed (the grid's shared init), so its result is kept in a cache
+($CRL_CACHE, default ~/.cache/crl/prior/), under a key of everything it is computed from: the starting weights, the
+examples' tokens, its steps, batch and rate, the torch version, the device and its kernels, and the source of the files that
+compute it. A run that finds its key there loads those weights, bit for bit what it would have trained."""
+import hashlib
+import os
 import random
 
 import torch
@@ -32,6 +39,10 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         task = rng.choice(tasks)
         examples.append(episode_example(tok, cfg, games[task], task, rng) if pretrained
                         else lesson_example(tok, cfg, games[task], task, rng))
+    path = cached(model, examples, (steps, batch, lr, rng.getstate()))
+    if os.path.exists(path):
+        model.load_state_dict(torch.load(path, map_location=next(model.parameters()).device, weights_only=True))
+        return
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     for _ in tqdm(range(steps), desc="lesson prior", unit="step", disable=crl.rank() != 0):
         tokens, mask, _ = pad_segments(rng.sample(examples, batch), next(model.parameters()).device)
@@ -39,6 +50,32 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         opt.zero_grad()
         loss.backward()
         opt.step()
+    if crl.rank() == 0:   # every rank trained the same prior; one writes it, whole or not at all
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(model.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+
+SOURCES = ("prior.py", "model.py", "update.py", "parallel.py")   # the code the prior's computation runs
+
+
+def cached(model, examples: list, schedule: tuple) -> str:
+    """Where the prior of this model on these examples is kept: a hash of the starting weights, every example's
+    tokens and trained positions, the schedule (steps, batch, rate, the sampler's state), the torch version, the
+    device (a CPU's vector width and threads choose its kernels' rounding), and the source of the code that computes it, so any change to what it would compute is a new key."""
+    device = next(model.parameters()).device   # and the kernels it runs: the CPU's vector width, its threads
+    h = hashlib.sha256(repr((schedule, torch.__version__, str(device), torch.backends.cpu.get_cpu_capability(),
+                             torch.get_num_threads(), torch.cuda.get_device_name(device) if device.type == "cuda"
+                             else "")).encode())
+    for name, p in model.state_dict().items():
+        h.update(name.encode() + str(p.dtype).encode() + p.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    for e in examples:
+        h.update(repr((e.tokens, e.mask)).encode())
+    here = os.path.dirname(os.path.abspath(__file__))
+    for f in SOURCES:
+        h.update(open(os.path.join(here, f), "rb").read())
+    root = os.environ.get("CRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "crl")
+    return os.path.join(root, "prior", h.hexdigest()[:32] + ".pt")
 
 
 def lesson_example(tok, cfg: crl.CRLConfig, env, task: str, rng: random.Random) -> crl.Segment:

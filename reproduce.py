@@ -516,7 +516,8 @@ def parse_args(argv=None):
                                 epilog="Arguments after `--` go to train.py for every run (e.g. -- --lesson-moves 1).")
     p.add_argument("--tasks", default="room", help="comma-separated tasks, one grid each")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from: {', '.join(MODES)}")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per mode")
+    p.add_argument("--seeds", type=seed_range, default=range(3), help="seeds per mode: N for 0..N-1, or A-B for A..B "
+                   "(seeds a pilot did not choose settings on)")
     p.add_argument("--results", default=os.path.join("runs", "reproduce"),
                    help="the grid's folder (default runs/reproduce, which git ignores; the committed record is "
                         "refreshed only by naming it: --results results, --results results/smollm2)")
@@ -549,9 +550,18 @@ def parse_args(argv=None):
     bad = [m for m in a.modes if m not in MODES]
     if bad:
         p.error(f"unknown mode {', '.join(bad)}; choose from: {', '.join(MODES)}")
-    if a.seeds < 1 or a.final_episodes < 1 or a.iters < 1 or a.jobs < 1:
-        p.error("--seeds, --iters, --final-episodes and --jobs must be >= 1")
+    if not a.seeds or a.final_episodes < 1 or a.iters < 1 or a.jobs < 1:
+        p.error("--seeds must name a seed, and --iters, --final-episodes and --jobs must be >= 1")
     return a, extra
+
+
+def seed_range(text: str) -> range:
+    """--seeds: N, seeds 0..N-1, or A-B, seeds A..B."""
+    first, _, last = text.partition("-")
+    try:
+        return range(int(first), int(last) + 1) if last else range(int(first))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a count (3: seeds 0, 1, 2) or a range (1-5)")
 
 
 def main(argv=None):
@@ -579,7 +589,7 @@ def main(argv=None):
     for task in a.tasks:
         if not a.table:
             # seeds outermost: every mode gets its first seed early
-            cells = [(task, mode, seed) for seed in range(a.seeds) for mode in a.modes]
+            cells = [(task, mode, seed) for seed in a.seeds for mode in a.modes]
             with ThreadPoolExecutor(a.jobs) as pool:   # at most a.jobs cells in flight, so one that stops
                 todo, running = iter(cells), set()       # stops the grid before another starts
                 while True:

@@ -3,6 +3,7 @@ kernels/ (triton reads it when @triton.jit runs), so tests/test_kernels.py runs 
 Triton's interpreter; with CUDA it stays unset, the kernels compile, and tests/test_gpu.py checks them there."""
 import os
 import sys
+import tempfile
 
 import torch
 
@@ -10,6 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ["CRL_CACHE"] = tempfile.mkdtemp(prefix="crl-cache-")   # the lesson priors tests train stay out of ~/.cache
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -174,6 +174,20 @@ def test_a_cell_that_stops_stops_the_grid(tmp_path, monkeypatch):
     assert started == [("grpo", 0)]   # no other cell was started after it
 
 
+def test_seeds_a_to_b_runs_those_seeds_seed_by_seed(tmp_path, monkeypatch, capsys):
+    """--seeds 1-2 trains seeds 1 and 2 (a grid leaving out the seed its pilots chose on), every mode of a seed
+    before the next; a range that names no seed is a one-line error."""
+    started = []
+    monkeypatch.setattr(reproduce, "run_one", lambda task, mode, seed, a, extra: started.append((mode, seed)))
+    monkeypatch.setattr(reproduce, "report", lambda results, task: None)
+    reproduce.main(["--modes", "grpo,crl", "--seeds", "1-2", "--results", str(tmp_path)])
+    assert started == [("grpo", 1), ("crl", 1), ("grpo", 2), ("crl", 2)]
+    for bad in ("3-1", "one"):
+        with pytest.raises(SystemExit):
+            reproduce.parse_args(["--seeds", bad])
+    assert "--seeds" in capsys.readouterr().err
+
+
 def test_attempts_table_takes_the_last_attempt(tmp_path):
     """With an attempts evaluation in final.json: success at each attempt per mode, and each mode minus GRPO at
     the last attempt, paired by seed (hand numbers)."""

@@ -459,6 +459,33 @@ def test_lesson_prior_teaches_the_tiny_actor_to_play_the_lessons_move():
     assert max(move_probs(o, []).max().item() for o in obs) < 0.5
 
 
+def test_a_cached_lesson_prior_is_the_one_the_run_would_train_and_only_for_its_own_seed(tmp_path, monkeypatch):
+    """The prior's cache: a second run of the same seed loads, without a training step, bit for bit the weights
+    the first trained; another seed from the same checkpoint (so only its examples differ) gets its own prior,
+    equal to one trained with no cache at all."""
+    hf = str(tmp_path / "hf")
+    tiny_model(seed=0).save_pretrained(hf)
+    from model import ByteTokenizer
+    ByteTokenizer().save_pretrained(hf)
+
+    def actor(seed: int, cache: str):
+        monkeypatch.setenv("CRL_CACHE", str(tmp_path / cache))
+        flags = [*STEPPING, "--mode", "grpo", "--max-reply-tokens", "4", "--actor", hf, "--lesson-prior", "2",
+                 "--seed", str(seed)]
+        return train.build(train.parse_args(flags), torch.device("cpu"), torch.float32)[0].actor.state_dict()
+
+    def same(a, b):
+        return all(torch.equal(p, b[k]) for k, p in a.items())
+    trained = actor(0, "cache")
+    assert len(os.listdir(tmp_path / "cache" / "prior")) == 1
+    with monkeypatch.context() as m:   # a hit takes no training step
+        m.setattr(prior, "token_logprobs", lambda *a: pytest.fail("the cached prior was trained again"))
+        assert same(actor(0, "cache"), trained)
+    other = actor(1, "cache")
+    assert len(os.listdir(tmp_path / "cache" / "prior")) == 2 and not same(other, trained)
+    assert same(other, actor(1, "fresh"))
+
+
 def test_a_pretrained_actors_lesson_prior_trains_it_before_rl_and_not_again_on_resume(tmp_path):
     """--lesson-prior with a pretrained checkpoint (the tiny model saved as one, so a run takes that path): the
     loaded actor leaves its weights before RL, and a resumed run starts from its checkpoint, not a second prior."""
