@@ -173,7 +173,68 @@ def table(results: str, task: str) -> str:
                      f"{fmt(*mean_ci(diff)) if diff else '—'} | " + " | ".join(trend) + " |")
     lines.append("")
     lines += [line for mode in MODES if mode != "grpo" for line in versus(runs, task, mode)]
-    return "\n".join(lines + attempts_table(runs, task) + extractor_races(runs, task)) + "\n"
+    return "\n".join(lines + attempts_table(runs, task) + curves_table(runs, task) + extractor_races(runs, task)) + "\n"
+
+
+REACH = 0.6   # the held-out success whose first evaluation curves_table counts: a level GRPO's training curve on the
+              # family vault reached by ~150 iterations (results/family-smollm2), fixed before a held-out panel was read
+
+
+def panels(runs: dict, task: str) -> list[str]:
+    """The held-out panels the runs evaluated, as metric names hold them: the task's own (`eval/TASK/`) and any
+    other (the family vault's control, `eval/TASK/control/`)."""
+    keys = {k for m in runs.values() for r in m.values() if r["final"] for k in r["final"]}
+    head, tail = f"eval/{task}/", "/success_noexp"
+    return [f"{task}/"] + sorted({k[5:-len(tail) + 1] for k in keys if k.startswith(head) and k.endswith(tail)}
+                                 - {f"{task}/"})
+
+
+def evaluations(runs: dict, mode: str, key: str) -> dict:
+    """{seed: {iteration: `key`}} of every evaluation during training, finished runs only (each has them all)."""
+    return {s: {row["step"]: row[key] for row in r["rows"] if key in row}
+            for s, r in runs.get(mode, {}).items() if r["final"]}
+
+
+def at(curve: dict, step: int) -> dict:
+    """{seed: value} at one evaluation, over the seeds of `evaluations` that have it."""
+    return {s: by[step] for s, by in curve.items() if step in by}
+
+
+def curves_table(runs: dict, task: str) -> list[str]:
+    """Where runs evaluate during training: per panel, each mode's held-out success at every evaluation with and
+    without experience (mean over seeds, 95% interval) and the final evaluation's; each mode minus GRPO paired by
+    seed at each; and the first evaluation at which each seed reaches REACH (how fast, not only how far)."""
+    lines = []
+    for panel in panels(runs, task):
+        curves = {(mode, kind): evaluations(runs, mode, f"eval/{panel}success_{kind}")
+                  for mode in MODES for kind in ("exp", "noexp")}
+        curves = {k: v for k, v in curves.items() if any(v.values())}
+        steps = sorted({i for c in curves.values() for seed in c.values() for i in seed})
+        if len(steps) < 2:
+            continue
+        lines += ["", f"Held-out success on `{panel.rstrip('/')}` during training (each evaluation's "
+                  "episodes; final: the final evaluation's), mean over finished seeds with its 95% interval:", "",
+                  "| mode | eval | " + " | ".join(f"it {i}" for i in steps) + " | final |",
+                  "|---|---|" + "---|" * (len(steps) + 1)]
+        grpo = curves.get(("grpo", "noexp"), {})
+        for (mode, kind), c in curves.items():
+            final, way = final_values(runs, mode, f"eval/{panel}success_{kind}"), "w/ exp" if kind == "exp" else "w/o exp"
+            cells = [fmt(*mean_ci(list(at(c, i).values()))) if at(c, i) else "—" for i in steps]
+            cells.append(fmt(*mean_ci(list(final.values()))) if final else "—")
+            lines.append(f"| {mode} | {way} | {' | '.join(cells)} |")
+            if mode != "grpo" and grpo:   # against GRPO without experience, as `versus`
+                diffs = [paired(at(c, i), at(grpo, i)) for i in steps]
+                diffs.append(paired(final, final_values(runs, "grpo", f"eval/{panel}success_noexp")))
+                lines.append(f"| {mode} − grpo | {way} | " + " | ".join(fmt(*mean_ci(d)) if d else "—" for d in diffs)
+                             + " |")
+        lines.append("")
+        for (mode, kind), c in curves.items():
+            first = [min((i for i, v in sorted(by.items()) if v >= REACH), default=None) for by in c.values()]
+            got = [i for i in first if i is not None]
+            when = f", iteration {fmt(*mean_ci(got))} (by seed: {', '.join(str(i) if i is not None else 'never' for i in first)})" if got else ""
+            lines.append(f"{mode} {'w/' if kind == 'exp' else 'w/o'} exp: first evaluation at {REACH} or more in "
+                         f"{len(got)}/{len(first)} seeds{when}.  ")
+    return lines
 
 
 def first_to_last(runs: dict, key: str) -> str:

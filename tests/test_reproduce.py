@@ -81,6 +81,34 @@ def test_table_from_fabricated_results(tmp_path):
     assert not reproduce.lessons_curve(root, "maze")    # no run logs it there: no figure
 
 
+def test_curves_table_from_fabricated_evaluations_during_training(tmp_path):
+    """Held-out success at each evaluation during training, per panel (a task's own and its control), each mode
+    minus GRPO paired by seed at each, and the first evaluation reaching REACH (0.6), worked by hand."""
+    root, panel = str(tmp_path), "t/control"
+
+    def rows(noexp, exp=None):
+        return [{"step": i, "eval/t/success_noexp": n, f"eval/{panel}/success_noexp": 0.375,
+                 **({"eval/t/success_exp": exp[k], f"eval/{panel}/success_exp": 0.375} if exp else {})}
+                for k, (i, n) in enumerate(zip((0, 25, 50), noexp))]
+    for s, (g, gf) in enumerate((([0.3, 0.5, 0.7], 0.8), ([0.3, 0.4, 0.5], 0.6))):
+        _run(root, "grpo", s, {"eval/t/success_noexp": gf, f"eval/{panel}/success_noexp": 0.375}, rows(g), "t")
+    for s, (n, e, nf, ef) in enumerate((([0.3, 0.5, 0.8], [0.4, 0.7, 0.9], 0.8, 0.9),
+                                        ([0.3, 0.5, 0.6], [0.2, 0.6, 0.8], 0.7, 0.7))):
+        _run(root, "crl", s, {"eval/t/success_noexp": nf, "eval/t/success_exp": ef}, rows(n, e), "t")
+    lines = reproduce.curves_table(reproduce.read_runs(root, "t"), "t")
+    control = next(k for k, line in enumerate(lines) if f"`{panel}`" in line)   # the task's own panel first
+    cells = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+             for line in lines[:control] if line.startswith("| ") and "mode" not in line}
+    # [0.3, 0.3], [0.5, 0.4], [0.7, 0.5], final [0.8, 0.6]: sd 0.0707 or 0.1414, t(1) 12.706 / sqrt(2)
+    assert cells[("grpo", "w/o exp")] == ["0.300 ± 0.000", "0.450 ± 0.635", "0.600 ± 1.271", "0.700 ± 1.271"]
+    # crl w/ exp minus GRPO: [0.1, -0.1], [0.2, 0.2], [0.2, 0.3], final [0.1, 0.1]
+    assert cells[("crl − grpo", "w/ exp")] == ["0.000 ± 1.271", "0.200 ± 0.000", "0.250 ± 0.635", "0.100 ± 0.000"]
+    assert "crl w/ exp: first evaluation at 0.6 or more in 2/2 seeds, iteration 25.000 ± 0.000 (by seed: 25, 25).  " \
+        in lines
+    assert "grpo w/o exp: first evaluation at 0.6 or more in 1/2 seeds, iteration 50.000 (by seed: 50, never).  " \
+        in lines
+
+
 @pytest.mark.parametrize("damage", ['{"step": 1, "eval/room/succ', "[]", '{"step": 1}'])
 def test_a_damaged_final_json_is_an_unfinished_cell(tmp_path, monkeypatch, capsys, damage):
     """final.json cut short, or whole but without the held-out success: the cell is not done, so it resumes from
