@@ -6,8 +6,8 @@ others) and plays the lesson's door again once it is locked 0.74 of the time.
 
 The prior is the same for every mode of a seed (the grid's shared init), so its result is kept in a cache
 ($CRL_CACHE, default ~/.cache/crl/prior/), under a key of everything it is computed from: the starting weights, the
-examples' tokens, its steps, batch and rate, the torch version, the device and its kernels, and the source of the files that
-compute it. A run that finds its key there loads those weights, bit for bit what it would have trained."""
+examples' tokens, its steps, batch and rate, the torch version, the device and its kernels, and the source of the
+files that compute it. A run that finds its key there loads those weights, bit for bit what it would have trained."""
 import hashlib
 import os
 import random
@@ -62,13 +62,15 @@ SOURCES = ("prior.py", "model.py", "update.py", "parallel.py")   # the code the 
 def cached(model, examples: list, schedule: tuple) -> str:
     """Where the prior of this model on these examples is kept: a hash of the starting weights, every example's
     tokens and trained positions, the schedule (steps, batch, rate, the sampler's state), the torch version, the
-    device (a CPU's vector width and threads choose its kernels' rounding), and the source of the code that computes it, so any change to what it would compute is a new key."""
+    device (a CPU's vector width and threads choose its kernels' rounding), and the source of the code that computes
+    it, so any change to what it would compute is a new key."""
     device = next(model.parameters()).device   # and the kernels it runs: the CPU's vector width, its threads
     h = hashlib.sha256(repr((schedule, torch.__version__, str(device), torch.backends.cpu.get_cpu_capability(),
                              torch.get_num_threads(), torch.cuda.get_device_name(device) if device.type == "cuda"
                              else "")).encode())
     for name, p in model.state_dict().items():
-        h.update(name.encode() + str(p.dtype).encode() + p.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+        raw = p.detach().cpu().contiguous().flatten().view(torch.uint8)   # any dtype, bf16 too, as its bytes
+        h.update(name.encode() + str(p.dtype).encode() + raw.numpy().tobytes())
     for e in examples:
         h.update(repr((e.tokens, e.mask)).encode())
     here = os.path.dirname(os.path.abspath(__file__))

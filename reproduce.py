@@ -218,20 +218,23 @@ def curves_table(runs: dict, task: str) -> list[str]:
                   "|---|---|" + "---|" * (len(steps) + 1)]
         grpo = curves.get(("grpo", "noexp"), {})
         for (mode, kind), c in curves.items():
-            final, way = final_values(runs, mode, f"eval/{panel}success_{kind}"), "w/ exp" if kind == "exp" else "w/o exp"
+            final = final_values(runs, mode, f"eval/{panel}success_{kind}")
+            way = "w/ exp" if kind == "exp" else "w/o exp"
             cells = [fmt(*mean_ci(list(at(c, i).values()))) if at(c, i) else "—" for i in steps]
             cells.append(fmt(*mean_ci(list(final.values()))) if final else "—")
             lines.append(f"| {mode} | {way} | {' | '.join(cells)} |")
             if mode != "grpo" and grpo:   # against GRPO without experience, as `versus`
                 diffs = [paired(at(c, i), at(grpo, i)) for i in steps]
                 diffs.append(paired(final, final_values(runs, "grpo", f"eval/{panel}success_noexp")))
-                lines.append(f"| {mode} − grpo | {way} | " + " | ".join(fmt(*mean_ci(d)) if d else "—" for d in diffs)
-                             + " |")
+                cells = [fmt(*mean_ci(d)) if d else "—" for d in diffs]
+                lines.append(f"| {mode} − grpo | {way} | {' | '.join(cells)} |")
         lines.append("")
-        for (mode, kind), c in curves.items():
+        for (mode, kind), c in curves.items() if panel == f"{task}/" else ():   # the control reaches no level
             first = [min((i for i, v in sorted(by.items()) if v >= REACH), default=None) for by in c.values()]
             got = [i for i in first if i is not None]
-            when = f", iteration {fmt(*mean_ci(got))} (by seed: {', '.join(str(i) if i is not None else 'never' for i in first)})" if got else ""
+            m, h = mean_ci(got) if got else (0, 0)
+            when = (f", iteration {m:.0f}" + ("" if math.isnan(h) else f" ± {h:.0f}") + " (by seed: "
+                    + ", ".join("never" if i is None else str(i) for i in first) + ")") if got else ""
             lines.append(f"{mode} {'w/' if kind == 'exp' else 'w/o'} exp: first evaluation at {REACH} or more in "
                          f"{len(got)}/{len(first)} seeds{when}.  ")
     return lines

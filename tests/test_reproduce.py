@@ -103,9 +103,10 @@ def test_curves_table_from_fabricated_evaluations_during_training(tmp_path):
     assert cells[("grpo", "w/o exp")] == ["0.300 ± 0.000", "0.450 ± 0.635", "0.600 ± 1.271", "0.700 ± 1.271"]
     # crl w/ exp minus GRPO: [0.1, -0.1], [0.2, 0.2], [0.2, 0.3], final [0.1, 0.1]
     assert cells[("crl − grpo", "w/ exp")] == ["0.000 ± 1.271", "0.200 ± 0.000", "0.250 ± 0.635", "0.100 ± 0.000"]
-    assert "crl w/ exp: first evaluation at 0.6 or more in 2/2 seeds, iteration 25.000 ± 0.000 (by seed: 25, 25).  " \
+    assert "crl w/ exp: first evaluation at 0.6 or more in 2/2 seeds, iteration 25 ± 0 (by seed: 25, 25).  " \
         in lines
-    assert "grpo w/o exp: first evaluation at 0.6 or more in 1/2 seeds, iteration 50.000 (by seed: 50, never).  " \
+    assert sum("first evaluation" in line for line in lines) == 3   # the task's own panel only
+    assert "grpo w/o exp: first evaluation at 0.6 or more in 1/2 seeds, iteration 50 (by seed: 50, never).  " \
         in lines
 
 
