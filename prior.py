@@ -7,7 +7,8 @@ others) and plays the lesson's door again once it is locked 0.74 of the time.
 The prior is the same for every mode of a seed (the grid's shared init), so its result is kept in a cache
 ($CRL_CACHE, default ~/.cache/crl/prior/), under a key of everything it is computed from: the starting weights, the
 examples' tokens, its steps, batch and rate, the torch version, the device and its kernels, and the source of the
-files that compute it. A run that finds its key there loads those weights, bit for bit what it would have trained."""
+files that compute it. A run that finds its key there loads those weights, bit for bit what it would have trained
+(a single process; under torchrun each rank trains its own)."""
 import hashlib
 import os
 import random
@@ -39,8 +40,9 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         task = rng.choice(tasks)
         examples.append(episode_example(tok, cfg, games[task], task, rng) if pretrained
                         else lesson_example(tok, cfg, games[task], task, rng))
-    path = cached(model, examples, (steps, batch, lr, rng.getstate()))
-    if os.path.exists(path):
+    # one process only: under torchrun every rank trains its own (a sharded model's state is not one file)
+    path = cached(model, examples, (steps, batch, lr, rng.getstate())) if crl.world() == 1 else None
+    if path and os.path.exists(path):
         model.load_state_dict(torch.load(path, map_location=next(model.parameters()).device, weights_only=True))
         return
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -50,7 +52,7 @@ def teach_lessons(model, tok, cfg: crl.CRLConfig, tasks: list[str], steps: int, 
         opt.zero_grad()
         loss.backward()
         opt.step()
-    if crl.rank() == 0:   # every rank trained the same prior; one writes it, whole or not at all
+    if path:   # whole or not at all
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.save(model.state_dict(), path + ".tmp")
         os.replace(path + ".tmp", path)
@@ -64,7 +66,7 @@ def cached(model, examples: list, schedule: tuple) -> str:
     tokens and trained positions, the schedule (steps, batch, rate, the sampler's state), the torch version, the
     device (a CPU's vector width and threads choose its kernels' rounding), and the source of the code that computes
     it, so any change to what it would compute is a new key."""
-    device = next(model.parameters()).device   # and the kernels it runs: the CPU's vector width, its threads
+    device = next(model.parameters()).device
     h = hashlib.sha256(repr((schedule, torch.__version__, str(device), torch.backends.cpu.get_cpu_capability(),
                              torch.get_num_threads(), torch.cuda.get_device_name(device) if device.type == "cuda"
                              else "")).encode())
