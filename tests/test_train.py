@@ -838,6 +838,20 @@ def test_the_recipe_dry_run_prints_the_committed_headline_cell(capsys):
     assert differ == {k for k, (old, _) in rundir.RETIRED.items() if saved.get(k) == old}, differ
 
 
+@pytest.mark.parametrize("mode", [["crl"], ["grpo"], ["static"], ["static", "--extractor", "oracle"]])
+def test_the_family_recipe_dry_run_prints_each_committed_grid_cells_flags(capsys, mode):
+    """`--recipe family --mode MODE --seed 1 --dry-run` prints the args.json of results/family's seed-1 cell of that
+    mode, every setting equal (the number format too) bar where the run was written: the recipe alone rebuilds it."""
+    name = "oracle" if "oracle" in mode else mode[0]
+    cell = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results", "family", "vault-family6-reveal",
+                        f"{name}-seed1")
+    train.main(["--recipe", "family", "--mode", *mode, "--seed", "1", "--dry-run", "--out", cell])
+    out = capsys.readouterr().out
+    printed, saved = json.loads(out[out.index("{"):]), json.load(open(os.path.join(cell, "args.json")))
+    differ = {k for k in set(printed) | set(saved) if printed.get(k) != saved.get(k)}
+    assert differ <= {"out", "resume", "dry_run"} and printed["dtype"] == "float32", differ
+
+
 def test_an_actor_without_a_bank_plays_the_revealing_family_vault_as_the_plain_one(tmp_path):
     """GRPO on vault-family6-reveal is GRPO on vault-family6 value for value (the task's name apart): the reveal
     comes after the last move, so no token an actor without a bank samples or trains on can see it; the GRPO pilot
