@@ -189,15 +189,22 @@ def panels(runs: dict, task: str) -> list[str]:
                                  - {f"{task}/"})
 
 
+def by_step(run: dict, key: str) -> dict:
+    """{iteration: `key`} over a run's metrics rows that logged it."""
+    return {row["step"]: row[key] for row in run["rows"] if key in row}
+
+
 def evaluations(runs: dict, mode: str, key: str) -> dict:
     """{seed: {iteration: `key`}} of every evaluation during training, finished runs only (each has them all)."""
-    return {s: {row["step"]: row[key] for row in r["rows"] if key in row}
-            for s, r in runs.get(mode, {}).items() if r["final"]}
+    return {s: by_step(r, key) for s, r in runs.get(mode, {}).items() if r["final"]}
 
 
 def at(curve: dict, step: int) -> dict:
     """{seed: value} at one evaluation, over the seeds of `evaluations` that have it."""
     return {s: by[step] for s, by in curve.items() if step in by}
+
+
+WAYS = {"exp": "w/ exp", "noexp": "w/o exp"}
 
 
 def curves_table(runs: dict, task: str) -> list[str]:
@@ -218,8 +225,7 @@ def curves_table(runs: dict, task: str) -> list[str]:
                   "|---|---|" + "---|" * (len(steps) + 1)]
         grpo = curves.get(("grpo", "noexp"), {})
         for (mode, kind), c in curves.items():
-            final = final_values(runs, mode, f"eval/{panel}success_{kind}")
-            way = "w/ exp" if kind == "exp" else "w/o exp"
+            final, way = final_values(runs, mode, f"eval/{panel}success_{kind}"), WAYS[kind]
             cells = [fmt(*mean_ci(list(at(c, i).values()))) if at(c, i) else "—" for i in steps]
             cells.append(fmt(*mean_ci(list(final.values()))) if final else "—")
             lines.append(f"| {mode} | {way} | {' | '.join(cells)} |")
@@ -231,12 +237,13 @@ def curves_table(runs: dict, task: str) -> list[str]:
         lines.append("")
         for (mode, kind), c in curves.items() if panel == f"{task}/" else ():   # the control reaches no level
             first = [min((i for i, v in sorted(by.items()) if v >= REACH), default=None) for by in c.values()]
-            got = [i for i in first if i is not None]
-            m, h = mean_ci(got) if got else (0, 0)
-            when = (f", iteration {m:.0f}" + ("" if math.isnan(h) else f" ± {h:.0f}") + " (by seed: "
-                    + ", ".join("never" if i is None else str(i) for i in first) + ")") if got else ""
-            lines.append(f"{mode} {'w/' if kind == 'exp' else 'w/o'} exp: first evaluation at {REACH} or more in "
-                         f"{len(got)}/{len(first)} seeds{when}.  ")
+            got, when = [i for i in first if i is not None], ""
+            if got:
+                m, h = mean_ci(got)
+                when = (f", iteration {m:.0f}" + ("" if math.isnan(h) else f" ± {h:.0f}") + " (by seed: "
+                        + ", ".join("never" if i is None else str(i) for i in first) + ")")
+            lines.append(f"{mode} {WAYS[kind]}: first evaluation at {REACH} or more in {len(got)}/{len(first)} "
+                         f"seeds{when}.  ")
     return lines
 
 
@@ -450,8 +457,7 @@ def chance_from_bank(out: str, rows: list[dict]) -> list[dict]:
 
 def band(seed_runs: dict, key: str) -> tuple[list, list, list]:
     """Steps where every seed has an evaluation, the mean over seeds there, and the 95% half-width."""
-    by_seed = [{r["step"]: r[key] for r in run["rows"] if key in r} for run in seed_runs.values()]
-    by_seed = [d for d in by_seed if d]
+    by_seed = [d for d in (by_step(run, key) for run in seed_runs.values()) if d]
     steps = sorted(set.intersection(*(set(d) for d in by_seed))) if by_seed else []
     stats = [mean_ci([d[s] for d in by_seed]) for s in steps]
     return steps, [m for m, _ in stats], [h for _, h in stats]
