@@ -65,9 +65,13 @@ def test_table_from_fabricated_results(tmp_path):
     assert rows["grpo"][1] == "—" and rows["grpo"][2] == "0.467 ± 0.143"
     # CRL w/o exp - GRPO paired: [0.1, 0.1, 0.2] -> mean 0.1333, sd 0.0577, half-width 0.1434: contains zero
     assert "CRL (eval without experience) − GRPO, paired by seed: 0.133 ± 0.143 over 3 seed(s); the 95% " \
-           "interval contains zero" in text
-    # w/ exp - GRPO: [0.2, 0.1, 0.4] -> mean 0.2333, sd 0.1528, half-width 0.37949
-    assert "CRL (eval with experience) − GRPO, paired by seed: 0.233 ± 0.379" in text
+           "interval contains zero; rank test p = 0.300 (exact, 3 v 3 seeds, whose least p is 0.100)" in text
+    # (the rank test: pooled mid-ranks 1 for 0.4, 3 for the three 0.5s, 5, 6; CRL's sum 3 + 5 + 6 = 14, 3.5 from its
+    # mean 10.5; of the 20 splits into 3 and 3, those at 14 (5 + 6 with a 3: three) or 7 or less (1 + 3 + 3: three))
+    # w/ exp - GRPO: [0.2, 0.1, 0.4] -> mean 0.2333, sd 0.1528, half-width 0.37949; every CRL seed above GRPO's:
+    # of the 20 splits only CRL's and GRPO's own are as far apart, p = 2 / 20
+    assert "CRL (eval with experience) − GRPO, paired by seed: 0.233 ± 0.379 over 3 seed(s); the 95% interval " \
+           "contains zero; rank test p = 0.100 (exact, 3 v 3 seeds, whose least p is 0.100)" in text
     # static - GRPO on seeds 0 and 1: [0.5 - 0.4, 0.6 - 0.5] = [0.1, 0.1]: sd 0, so the interval is above zero
     assert "static (eval without experience) − GRPO, paired by seed: 0.100 ± 0.000 over 2 seed(s); the 95% " \
            "interval is above zero" in text
@@ -108,6 +112,11 @@ def test_curves_table_from_fabricated_evaluations_during_training(tmp_path):
     assert sum("first evaluation" in line for line in lines) == 3   # the task's own panel only
     assert "grpo w/o exp: first evaluation at 0.6 or more in 1/2 seeds, iteration 50 (by seed: 50, never).  " \
         in lines
+    # the early budget (EARLY, iteration 50) beside the end: CRL w/ exp [0.9, 0.8] against GRPO [0.7, 0.5]; ranks 4, 3
+    # against 2, 1: of the 6 splits into 2 and 2, rank sums 7 and 3 are 2 from the mean 5, p = 2 / 6
+    assert reproduce.EARLY == 50
+    assert "CRL (eval with experience, iteration 50) − GRPO, paired by seed: 0.250 ± 0.635 over 2 seed(s); the 95% " \
+           "interval contains zero; rank test p = 0.333 (exact, 2 v 2 seeds, whose least p is 0.333).  " in reproduce.table(root, "t")
 
 
 @pytest.mark.parametrize("damage", ['{"step": 1, "eval/room/succ', "[]", '{"step": 1}'])
