@@ -325,7 +325,7 @@ def versus(runs: dict, task: str, mode: str, attempt: int = 0, base: str = "grpo
     `attempt` of the attempts evaluation, if given; at the evaluation during training at iteration `step`, if
     given): GRPO's success without experience, any other base's of the same kind as the mode's. Beside it, the
     rank test over the two modes' seeds (rank_p)."""
-    lines, at_ = [], f", attempt {attempt}" if attempt else f", iteration {step}" if step is not None else ""
+    lines, where = [], f", attempt {attempt}" if attempt else f", iteration {step}" if step is not None else ""
 
     def values(m: str, kind: str) -> dict:   # {seed: success} at the end (or the attempt), or at iteration `step`
         if step is None:
@@ -343,7 +343,7 @@ def versus(runs: dict, task: str, mode: str, attempt: int = 0, base: str = "grpo
                 least = 2 / math.comb(len(ours) + len(theirs), len(ours))   # every seed of one above the other's
                 verdict += (f"; rank test p = {rank_p(list(ours.values()), list(theirs.values())):.3f} "
                             f"(exact, {len(ours)} v {len(theirs)} seeds, whose least p is {least:.3f})")
-            lines.append(f"{NAMES.get(mode, mode)} (eval {label} experience{at_}) − {NAMES.get(base, base)}, paired "
+            lines.append(f"{NAMES.get(mode, mode)} (eval {label} experience{where}) − {NAMES.get(base, base)}, paired "
                          f"by seed: {fmt(m, h)} over {len(diff)} seed(s); {verdict}.  ")
     return lines
 
