@@ -6,8 +6,9 @@
 # the ceiling) and static, seeds 1-5 (the pilots chose settings on seed 0), seed by seed. Finished cells are skipped
 # and a cell resumes from its checkpoint (every 25 iterations), so the grid accumulates across sittings; a seed's
 # lesson prior is trained once and cached (prior.py). One code version for the whole grid, all modes of a seed on one
-# kind of machine (each folder's ran-on.txt; fp32 everywhere). Produced at 33b7efa, which every cell runs at: `git worktree add ../crl-grid 33b7efa`
-# and this script run there (later commits change the table's code and the docs, not what a cell computes).
+# kind of machine (each folder's ran-on.txt; fp32 everywhere). Produced at 33b7efa, which every cell runs at: `git
+# worktree add ../crl-grid 33b7efa` and this script run there (later commits change the table's code and the docs, not
+# what a cell computes).
 # Usage, from anywhere: bash runs/family.sh [ROOT] [JOBS]   writes ROOT/family/ (default ROOT: runs/rebuild; JOBS cells
 # side by side, default 1: the 2-core CPU 1, an H200 5)
 set -euo pipefail
