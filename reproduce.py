@@ -411,11 +411,12 @@ def lessons_curve(results: str, task: str, size: int = 10) -> bool:
         for seed, run in sorted(runs[mode].items()):
             starts, means = blocks(run["rows"], "lessons/right_written", size)
             ax.plot(starts, means, marker="o", ms=2, label=f"seed {seed}", color=f"C{seed}")
-        ax.set_title(f"{task} {mode}: lessons naming the door")
+        ax.set_title(mode)
         ax.set_xlabel(f"iteration (mean over blocks of {size})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("share of lessons written that are right")
+    fig.suptitle(f"{task}: lessons naming the door")
     fig.tight_layout()
     fig.savefig(os.path.join(results, f"{task}-lessons.png"), dpi=100)
     plt.close(fig)
