@@ -541,10 +541,10 @@ def bench_kernels(a):
     if not torch.cuda.is_available():
         print("bench kernels: skipped, the Triton kernels need a CUDA device (CPU runs use the torch references)")
         return
-    from kernels.decode_attention import decode_attention_ref, decode_attention_triton
-    from kernels.logsoftmax import selective_log_softmax_ref, selective_log_softmax_triton
-    from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
-    from kernels.rope import apply_rope_ref, apply_rope_triton
+    from ops.decode_attention import decode_attention_ref, decode_attention_triton
+    from ops.logsoftmax import selective_log_softmax_ref, selective_log_softmax_triton
+    from ops.rmsnorm import rmsnorm_ref, rmsnorm_triton
+    from ops.rope import apply_rope_ref, apply_rope_triton
 
     def ms(fn, iters=50):  # mean per call; synchronised only around the whole batch of calls
         fn()

@@ -14,7 +14,7 @@ Around the decoder:
   - `token_logprobs`: the training-side recomputation of the sampler's log-probs (same temperature, top-k,
     top-p and constraint masks), chunked over the vocabulary projection. What both mean by "the distribution
     sampled from" is defined once, in sampling.py.
-The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from kernels/, which
+The hot ops (RMSNorm, rotary embedding, decode attention, selective log-softmax) come from ops/, which
 runs Triton on CUDA (where Triton is installed) and plain torch elsewhere. crl.py (rollouts, losses) and
 embedder.py (the decoder embedder) are the callers.
 """
@@ -31,8 +31,8 @@ from torch.utils.checkpoint import checkpoint
 from cudagraphs import DecodeGraphs, default_on
 from hf import ModelConfig, checkpoint_dir, hf_parts, read_config, read_weights, write_checkpoint
 from hf import PACKAGED, ByteTokenizer, load_tokenizer  # noqa: F401  (re-exported: callers import them from here)
-from kernels import apply_rope, decode_attention, rmsnorm
-from kernels.decode_attention import ReadSpan
+from ops import apply_rope, decode_attention, rmsnorm
+from ops.decode_attention import ReadSpan
 from sampling import Sampling, Stops, allow_mask, allowed_by_target, draw, target_logprobs
 
 # -----------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from kernels import selective_log_softmax
+from ops import selective_log_softmax
 
 
 def filter_logits(z: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,

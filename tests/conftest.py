@@ -1,5 +1,5 @@
 """Shared test setup. On a machine without CUDA, TRITON_INTERPRET is set here, before any test module imports
-kernels/ (triton reads it when @triton.jit runs), so tests/test_kernels.py runs the Triton kernels on CPU in
+ops/ (triton reads it when @triton.jit runs), so tests/test_kernels.py runs the Triton kernels on CPU in
 Triton's interpreter; with CUDA it stays unset, the kernels compile, and tests/test_gpu.py checks them there."""
 import atexit
 import os

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
 import bench
-from kernels._triton import InterpretedFunction, triton
+from ops._triton import InterpretedFunction, triton
 from model import ByteTokenizer, Session, Transformer, generate, token_logprobs
 from sampling import Sampling
 from small.tiny import init_weights, tiny_model
@@ -26,10 +26,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available() or triton is None, reaso
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
 
-da = importlib.import_module("kernels.decode_attention")
-ls = importlib.import_module("kernels.logsoftmax")
-rn = importlib.import_module("kernels.rmsnorm")
-rp = importlib.import_module("kernels.rope")
+da = importlib.import_module("ops.decode_attention")
+ls = importlib.import_module("ops.logsoftmax")
+rn = importlib.import_module("ops.rmsnorm")
+rp = importlib.import_module("ops.rope")
 
 DEV = "cuda"
 DTYPES = [torch.float32, torch.bfloat16]

@@ -1,6 +1,6 @@
-"""kernels/: every Triton kernel against its plain torch reference, run on CPU through Triton's interpreter.
+"""ops/: every Triton kernel against its plain torch reference, run on CPU through Triton's interpreter.
 
-On a machine without CUDA, conftest.py sets TRITON_INTERPRET=1 before kernels/ is imported; triton reads it
+On a machine without CUDA, conftest.py sets TRITON_INTERPRET=1 before ops/ is imported; triton reads it
 when @triton.jit decorates a kernel, so the kernels become interpreted functions that run on CPU tensors
 (checked first below). With CUDA the kernels compile instead; tests/test_gpu.py checks them on the GPU.
 Shapes are small and odd on purpose: non-power-of-two widths, head_dim 24, ragged cache lengths, several
@@ -18,14 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import InterpretedFunction, triton
+from ops._triton import InterpretedFunction, triton
 
-# import_module, not `from kernels import rmsnorm`: the package re-exports the dispatch functions under the
-# same names as their modules (kernels.rmsnorm is the function rmsnorm there).
-da = importlib.import_module("kernels.decode_attention")
-ls = importlib.import_module("kernels.logsoftmax")
-rn = importlib.import_module("kernels.rmsnorm")
-rp = importlib.import_module("kernels.rope")
+# import_module, not `from ops import rmsnorm`: the package re-exports the dispatch functions under the
+# same names as their modules (ops.rmsnorm is the function rmsnorm there).
+da = importlib.import_module("ops.decode_attention")
+ls = importlib.import_module("ops.logsoftmax")
+rn = importlib.import_module("ops.rmsnorm")
+rp = importlib.import_module("ops.rope")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = [torch.float32, torch.bfloat16]
@@ -46,23 +46,33 @@ def close(actual, expected, dtype):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
 def test_triton_imports_on_linux():
-    """kernels/_triton.py turns a failed import into the torch fallbacks; on Linux, where requirements.txt
+    """ops/_triton.py turns a failed import into the torch fallbacks; on Linux, where requirements.txt
     installs Triton, that would quietly skip every kernel test, so import it here and let the error show."""
     import triton as direct   # noqa: F401
     assert triton is not None
 
 
+
+def test_no_module_of_ours_shadows_an_installed_package():
+    """Run from the repository's root, our top-level modules come first on sys.path, so one named like an installed
+    distribution's package hides it from everything that imports it: transformers 5.25 requires the `kernels`
+    package and imports it from its activation functions, which failed while this package was kernels/."""
+    import importlib.metadata
+    installed = importlib.metadata.packages_distributions()
+    ours = {n.removesuffix(".py") for n in os.listdir(ROOT) if n.endswith(".py")
+            or os.path.isfile(os.path.join(ROOT, n, "__init__.py"))}
+    assert not {n: installed[n] for n in ours if n in installed}
 @pytest.mark.skipif(triton is None or torch.cuda.is_available(), reason="CPU-only machines with Triton")
 def test_interpreter_is_active():
     for kernel in (rn._rmsnorm_kernel, rp._rope_kernel, da._decode_attention_kernel,
                    ls._logsoftmax_fwd_kernel, ls._logsoftmax_bwd_kernel):
-        assert isinstance(kernel, InterpretedFunction), "TRITON_INTERPRET=1 was not set before kernels/ was imported"
+        assert isinstance(kernel, InterpretedFunction), "TRITON_INTERPRET=1 was not set before ops/ was imported"
 
 
 @needs_triton
 def test_cpu_without_interpreter_is_a_clear_error():
     code = ("import os; os.environ.pop('TRITON_INTERPRET', None); import torch\n"
-            "from kernels.rmsnorm import rmsnorm_triton\n"
+            "from ops.rmsnorm import rmsnorm_triton\n"
             "try:\n    rmsnorm_triton(torch.ones(2, 3), torch.ones(3), 1e-6)\n"
             "except ValueError as e:\n    print('ValueError:', e)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -353,7 +363,7 @@ lp = model.token_logprobs(m, x, torch.ones_like(x, dtype=torch.bool))
 lp.sum().backward()
 absent = [name for mod, name in (("rmsnorm", "rmsnorm_triton"), ("rope", "apply_rope_triton"),
           ("decode_attention", "decode_attention_triton"), ("logsoftmax", "selective_log_softmax_triton"))
-          if not hasattr(importlib.import_module("kernels." + mod), name)]
+          if not hasattr(importlib.import_module("ops." + mod), name)]
 print(json.dumps({"logits": logits.tolist(), "tokens": [s.tokens for s in out], "logprobs": lp.tolist(),
                   "grad": m.embed_tokens.weight.grad.abs().sum().item(), "absent": absent,
                   "triton_loaded": any(k.split(".")[0] == "triton" for k in sys.modules)}))
@@ -369,7 +379,7 @@ def _run_model(prelude: str) -> dict:
 
 
 def test_model_runs_without_triton():
-    """import triton fails (as on a Mac): kernels/ defines only the references, and a forward, generate and
+    """import triton fails (as on a Mac): ops/ defines only the references, and a forward, generate and
     token_logprobs with its backward give what they give with Triton installed (on CPU both take the
     references)."""
     without = _run_model(NO_TRITON)

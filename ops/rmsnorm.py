@@ -5,7 +5,7 @@ a Triton backward when autograd needs one; `rmsnorm` (imported by model.py) pick
 """
 import torch
 
-from kernels._triton import check_runnable, tl, triton
+from ops._triton import check_runnable, tl, triton
 
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,6 +10,6 @@ except ImportError:
 
 def check_runnable(kernel, t, op: str):
     """Triton runs CUDA tensors; CPU tensors only in its interpreter, which triton picks when @triton.jit runs
-    (i.e. when kernels/ is imported), so a CPU call to a compiled kernel is a clear error instead of a crash."""
+    (i.e. when ops/ is imported), so a CPU call to a compiled kernel is a clear error instead of a crash."""
     if not (t.is_cuda or isinstance(kernel, InterpretedFunction)):
-        raise ValueError(f"{op} on CPU tensors needs TRITON_INTERPRET=1 set before kernels/ is imported")
+        raise ValueError(f"{op} on CPU tensors needs TRITON_INTERPRET=1 set before ops/ is imported")

@@ -8,7 +8,7 @@ with sin negated. `apply_rope` (imported by model.py) picks between them.
 """
 import torch
 
-from kernels._triton import check_runnable, tl, triton
+from ops._triton import check_runnable, tl, triton
 
 
 def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

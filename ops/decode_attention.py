@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import check_runnable, tl, triton
+from ops._triton import check_runnable, tl, triton
 
 
 def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -9,7 +9,7 @@ backward, which recomputes softmax blockwise and writes grad_logits = g * (oneho
 """
 import torch
 
-from kernels._triton import check_runnable, tl, triton
+from ops._triton import check_runnable, tl, triton
 
 
 def selective_log_softmax_ref(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
