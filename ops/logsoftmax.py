@@ -5,7 +5,9 @@ softmax (or an fp32 copy of bf16 logits).
 autograd.Function with two Triton kernels, one program per row each: the forward streams the row once in
 blocks with an online max / sum-of-exponentials and keeps only the row's logsumexp (4 bytes) for the
 backward, which recomputes softmax blockwise and writes grad_logits = g * (onehot(target) - softmax).
-`selective_log_softmax` (imported by model.py's token_logprobs) picks between them.
+On a CPU, where a gradient is wanted, `_InPlaceBackward` computes the reference's values with that same backward
+written in place in one fp32 buffer. `selective_log_softmax` (imported by sampling.py's target_logprobs, which
+model.py's token_logprobs calls) picks between them.
 """
 import torch
 
