@@ -5,8 +5,8 @@ softmax (or an fp32 copy of bf16 logits).
 autograd.Function with two Triton kernels, one program per row each: the forward streams the row once in
 blocks with an online max / sum-of-exponentials and keeps only the row's logsumexp (4 bytes) for the
 backward, which recomputes softmax blockwise and writes grad_logits = g * (onehot(target) - softmax).
-On a CPU, where a gradient is wanted, `_InPlaceBackward` computes the reference's values with that same backward
-written in place in one fp32 buffer. `selective_log_softmax` (imported by sampling.py's target_logprobs, which
+On a CPU, where a gradient is wanted, `_InPlaceBackward` computes the reference's values a block of rows at a time,
+with that same backward written in place. `selective_log_softmax` (imported by sampling.py's target_logprobs, which
 model.py's token_logprobs calls) picks between them.
 """
 import torch
@@ -111,27 +111,32 @@ if triton is not None:  # the Triton half; absent where Triton is not installed
         return _SelectiveLogSoftmax.apply(logits, targets.contiguous(), block or _default_block(logits.shape[1]))
 
 
+_ROWS = 16   # rows a block: their fp32 working set (3 MB at a 49k vocabulary) stays in a CPU's cache
+
+
 class _InPlaceBackward(torch.autograd.Function):
-    """The reference's values, forward and backward, with its backward in one fp32 buffer written in place:
-    grad_logits = g * (onehot(target) - exp(logits - logsumexp)). Autograd's own backward of the reference
-    allocates four [N, V] tensors (the shift, its exponential, the product, the gather's zeros) and adds two;
-    on a CPU every fresh 200 MB buffer is first paid for in page faults, and this backward was a quarter of a
-    SmolLM2 update. The same operations on the same values in the same order: the gradients are bit-equal."""
+    """The reference's values, forward and backward, computed a block of `_ROWS` rows at a time, the backward in
+    place: grad_logits = g * (onehot(target) - exp(logits - logsumexp)). Autograd through the reference makes the
+    [N, V] fp32 tensors whole (the logsumexp's shift and exponential; in the backward the shift, its exponential,
+    the product, the gather's zeros); on a CPU every fresh 200 MB buffer is first paid for in page faults, and each
+    of its passes streams from memory. A row's values never depend on another row's, so the blocks give the same
+    operations on the same values in the same order: the log-probs and gradients are bit-equal."""
 
     @staticmethod
     def forward(ctx, logits, targets):
-        lf = logits.float()
-        lse = torch.logsumexp(lf, dim=-1)
+        lse = torch.cat([torch.logsumexp(b.float(), dim=-1) for b in logits.split(_ROWS)])
         ctx.save_for_backward(logits, targets, lse)
-        return lf.gather(-1, targets[:, None]).squeeze(-1) - lse
+        return logits.gather(-1, targets[:, None]).squeeze(-1).float() - lse
 
     @staticmethod
     def backward(ctx, g):
         logits, targets, lse = ctx.saved_tensors
-        grad = logits.to(torch.float32, copy=True)
-        grad.sub_(lse[:, None]).exp_().mul_(-g[:, None]).add_(0.0)   # + 0: autograd's sum turns -0.0 into 0.0
-        grad.scatter_add_(-1, targets[:, None], g[:, None])
-        return grad.to(logits.dtype), None
+        grad = torch.empty_like(logits)
+        for x, out, l, gb, t in zip(*(a.split(_ROWS) for a in (logits, grad, lse, g, targets))):
+            x = x.to(torch.float32, copy=True)
+            x.sub_(l[:, None]).exp_().mul_(-gb[:, None]).add_(0.0)   # + 0: autograd's sum turns -0.0 into 0.0
+            out.copy_(x.scatter_add_(-1, t[:, None], gb[:, None]))
+        return grad, None
 
 
 def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -307,10 +307,13 @@ def test_selective_log_softmax_reference_is_log_softmax_gather():
 def test_cpu_backward_in_place_is_the_references_bit_for_bit(dtype):
     """What a CPU update runs (the dispatch with a gradient wanted) against autograd through the reference: the
     same log-probs and the same gradient bits, signed zeros included, with masked (-inf) logits, a target
-    twice and a row's gradient weight of zero; and a hand check of g * (onehot - softmax) on one row."""
-    x = (torch.randn(6, 300) * 4).to(dtype)
+    twice and a row's gradient weight of zero, over rows enough for blocks of `_ROWS` and a short last one; and a
+    hand check of g * (onehot - softmax) on one row."""
+    n = 2 * ls._ROWS + 5
+    x = (torch.randn(n, 3000) * 4).to(dtype)
     x[0, :40] = float("-inf")
-    t, g = torch.tensor([40, 7, 7, 299, 0, 123]), torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.25])
+    t = torch.cat([torch.tensor([40, 7, 7, 2999, 0, 123]), torch.randint(0, 3000, (n - 6,))])
+    g = torch.cat([torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.25]), torch.randn(n - 6)])
     got, want = x.clone().requires_grad_(), x.clone().requires_grad_()
     out = ls.selective_log_softmax(got, t)
     assert type(out.grad_fn).__name__ == "_InPlaceBackwardBackward"
@@ -319,7 +322,7 @@ def test_cpu_backward_in_place_is_the_references_bit_for_bit(dtype):
     assert torch.equal(out, ls.selective_log_softmax_ref(x, t))
     assert torch.equal(got.grad, want.grad) and torch.equal(got.grad.signbit(), want.grad.signbit())
     p = x[1].float().softmax(-1)
-    torch.testing.assert_close(got.grad[1].float(), -1.0 * (F.one_hot(t[1], 300).float() - p),
+    torch.testing.assert_close(got.grad[1].float(), -1.0 * (F.one_hot(t[1], 3000).float() - p),
                                rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-3 if dtype == torch.bfloat16 else 1e-7)
 
 
